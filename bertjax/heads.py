@@ -1,0 +1,120 @@
+"""Heads on top of :class:`bertjax.model.BertEncoder` and the composite models built from them.
+
+Every composite model has the same top-level parameter names, so a subtree can move between
+them (a pretraining checkpoint initialises a fine-tuning model by copying ``encoder`` and
+``pooler``):
+
+    encoder/...                              see bertjax.model
+    pooler/dense/{kernel <H, H>, bias <H>}   tanh(dense(h[CLS]))
+    mlm/transform/{kernel <H, H>, bias <H>}  dense + activation + LayerNorm on gathered positions
+    mlm/layer_norm/{scale, bias} <H>
+    mlm/output_bias <V>                      decoder is tied to encoder/embeddings/word_embeddings
+    nsp/dense/{kernel <H, 2>, bias <2>}      IsNext / NotNext on the pooled output
+
+Task heads (classification, span, tagging, multiple choice) live in ``finetune``'s models and use
+the same ``encoder``/``pooler`` names.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax import sharding as sh
+from bertjax.model import BertConfig, BertEncoder, Dense, activation, layer_norm
+
+
+class Pooler(nn.Module):
+    """tanh(dense(h[:, 0])): <dtype>[B, L, H] -> <dtype>[B, H]."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, sequence_output: jax.Array) -> jax.Array:
+        cfg = self.config
+        first = sequence_output[:, 0]
+        return jnp.tanh(Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="dense")(first))
+
+
+class MaskedLMHead(nn.Module):
+    """MLM logits at the masked positions only, through the decoder tied to the token embedding."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, sequence_output, masked_lm_positions, decoder) -> jax.Array:
+        """<dtype>[B, L, H], <int32>[B, P], tied decoder fn -> <float32>[B, P, V] logits."""
+        cfg = self.config
+        # Gather first: the transform and the V-way decoder run on [B, P, H], never [B, L, H].
+        gathered = jnp.take_along_axis(sequence_output, masked_lm_positions[..., None], axis=1)
+        h = Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="transform")(gathered)
+        h = layer_norm(cfg, "layer_norm")(activation(cfg.hidden_act)(h))
+        bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
+                          (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+        logits = decoder(h).astype(jnp.float32) + bias.astype(jnp.float32)
+        return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
+
+
+class NextSentenceHead(nn.Module):
+    """<dtype>[B, H] pooled output -> <float32>[B, 2] logits (0 = IsNext, 1 = NotNext)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, pooled_output: jax.Array) -> jax.Array:
+        return Dense((2,), (sh.EMBED, None), self.config, name="dense")(pooled_output).astype(jnp.float32)
+
+
+class BertOutput(NamedTuple):
+    sequence_output: jax.Array  # <dtype>[B, L, H]
+    pooled_output: jax.Array  # <dtype>[B, H]
+    hidden_states: tuple[jax.Array, ...] | None  # num_layers + 1 of <dtype>[B, L, H], or None
+
+
+class BertModel(nn.Module):
+    """Encoder + pooler; the equivalent of HF's ``BertModel``."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True,
+                 output_hidden_states: bool = False) -> BertOutput:
+        out = self.encoder(input_ids, segment_ids, input_mask, deterministic=deterministic,
+                           output_hidden_states=output_hidden_states)
+        return BertOutput(out.sequence_output, self.pooler(out.sequence_output), out.hidden_states)
+
+
+class PreTrainingOutput(NamedTuple):
+    mlm_logits: jax.Array  # <float32>[B, P, V]
+    nsp_logits: jax.Array  # <float32>[B, 2]
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + pooler + MLM + NSP heads; the equivalent of HF's ``BertForPreTraining``.
+
+    The NSP head always exists (so checkpoints export to HF's class); the No-NSP ablation simply
+    gives its loss zero weight.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.mlm = MaskedLMHead(self.config, name="mlm")
+        self.nsp = NextSentenceHead(self.config, name="nsp")
+
+    def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, *,
+                 deterministic: bool = True) -> PreTrainingOutput:
+        """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
+        sequence_output = self.encoder(input_ids, segment_ids, input_mask,
+                                       deterministic=deterministic).sequence_output
+        mlm_logits = self.mlm(sequence_output, masked_lm_positions, self.encoder.attend)
+        nsp_logits = self.nsp(self.pooler(sequence_output))
+        return PreTrainingOutput(mlm_logits, nsp_logits)
