@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # Parameter axes.
@@ -68,17 +68,24 @@ def normalize_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ..
     known = set(PARAM_AXES) | set(ACTIVATION_AXES)
     for rule in rules:
         if len(rule) != 2:
-            raise ValueError(f"config.mesh.rules: expected (logical_axis, mesh_axes) pairs, got {rule!r}")
+            raise ValueError(
+                f"config.mesh.rules: expected (logical_axis, mesh_axes) pairs, got {rule!r}"
+            )
         name, target = rule
         if name not in known:
-            raise ValueError(f"config.mesh.rules: unknown logical axis {name!r}; known: {sorted(known)}")
+            raise ValueError(
+                f"config.mesh.rules: unknown logical axis {name!r}; known: {sorted(known)}"
+            )
         if isinstance(target, list | tuple):
             target = tuple(target)
             bad = [t for t in target if t not in MESH_AXES]
         else:
             bad = [] if target is None or target in MESH_AXES else [target]
         if bad:
-            raise ValueError(f"config.mesh.rules: {name!r} maps to unknown mesh axes {bad}; mesh axes: {MESH_AXES}")
+            raise ValueError(
+                f"config.mesh.rules: {name!r} maps to unknown mesh axes {bad}; "
+                f"mesh axes: {MESH_AXES}"
+            )
         out.append((name, target))
     return tuple(out)
 
@@ -87,16 +94,23 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
     """Fills one -1 entry of ``shape`` so the product equals ``num_devices``."""
     shape = [int(s) for s in shape]
     if len(shape) != len(MESH_AXES):
-        raise ValueError(f"config.mesh.shape must have {len(MESH_AXES)} entries {MESH_AXES}, got {shape}")
+        raise ValueError(
+            f"config.mesh.shape must have {len(MESH_AXES)} entries {MESH_AXES}, got {shape}"
+        )
     if shape.count(-1) > 1:
         raise ValueError(f"config.mesh.shape may contain at most one -1, got {shape}")
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if num_devices % known:
-            raise ValueError(f"config.mesh.shape {shape}: {num_devices} devices are not divisible by {known}")
+            raise ValueError(
+                f"config.mesh.shape {shape}: {num_devices} devices are not divisible by {known}"
+            )
         shape[shape.index(-1)] = num_devices // known
     if math.prod(shape) != num_devices:
-        raise ValueError(f"config.mesh.shape {shape} needs {math.prod(shape)} devices, but {num_devices} are available")
+        raise ValueError(
+            f"config.mesh.shape {shape} needs {math.prod(shape)} devices, "
+            f"but {num_devices} are available"
+        )
     return tuple(shape)
 
 

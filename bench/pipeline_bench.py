@@ -1,0 +1,227 @@
+"""Host pipeline throughput vs HuggingFace ``tokenizers`` on the same text, in one run.
+
+    python bench/pipeline_bench.py [--reps=3] [--batch_size=64] [--corpus=PATH]
+
+Each measurement runs in its own subprocess so its peak RSS (``ru_maxrss``) is its own:
+
+* ``hf``: ``tokenizers.BertWordPieceTokenizer(vocab, lowercase=True).encode_batch(lines)`` over
+  every non-blank line of the corpus (the peers' reference, ``shared/bench/peers/tok_hf.py``);
+  median of ``--reps`` timed passes after one untimed pass. Its token count is the corpus size.
+* ``tok`` / ``fastbert``: the tokenizer stage alone in ``tf.data`` (bertjax's
+  ``tokenization.py``; raw tf-text ``FastBertTokenizer`` for comparison), median of ``--reps``.
+* ``cold``: the whole bertjax pipeline from an empty cache: read + tokenize (tf-text in tf.data)
+  + pair + cache + permute + mask + batch, until one epoch of batches has been produced.
+  tokens/s = corpus tokens / wall time (the same count as ``hf``, so the ratio is like for like).
+* ``warm``: later epochs (instance table cached): tokens/s of real tokens in the batches.
+* ``rss10``: ``cold`` on the corpus repeated 10 times (build + 200 batches): peak RSS must not
+  grow with the corpus; its tokens/s (10x corpus tokens / wall) amortises the fixed start cost
+  (tokenizer graph tracing, first tf.data batches). Importing TensorFlow is excluded everywhere.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _lines(path):
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def run_hf(args):
+    import tokenizers
+
+    from bertjax import data
+
+    lines = _lines(args.corpus)
+    tok = tokenizers.BertWordPieceTokenizer(data.VOCAB, lowercase=True)
+    tok.encode_batch(lines, add_special_tokens=False)
+    times, tokens = [], 0
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        tokens = sum(len(e.ids) for e in tok.encode_batch(lines, add_special_tokens=False))
+        times.append(time.perf_counter() - start)
+    return dict(tokens=tokens, seconds=statistics.median(times), all_seconds=times)
+
+
+def run_tokenizer(args, fast=False):
+    """The tokenizer stage alone in tf.data (bertjax's, or raw tf-text FastBertTokenizer)."""
+    import tensorflow as tf
+    import tensorflow_text as tf_text
+
+    from bertjax import data, pretraining_data, tokenization
+
+    if fast:  # what tf-text alone does (its own normalisation, not identical to BERT's on Unicode)
+        vocab = tokenization.read_vocab(data.VOCAB)
+        tok = tf_text.FastBertTokenizer(
+            vocab, token_out_type=tf.int32, lower_case_nfd_strip_accents=True
+        )
+    else:
+        tok = tokenization.create_tokenizer("wordpiece", data.VOCAB, True)
+    lines = pretraining_data.line_dataset(args.corpus).batch(2048)
+    count = tf.autograph.experimental.do_not_convert(
+        lambda x: tf.reduce_sum(tok.tokenize(x).row_lengths())
+    )  # as in the pipeline (pretraining_data.tokenized_line_batches)
+    lines = lines.map(count, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    sum(int(n) for n in lines.as_numpy_iterator())
+    times, tokens = [], 0
+    for _ in range(args.reps):
+        start = time.perf_counter()
+        tokens = sum(int(n) for n in lines.as_numpy_iterator())
+        times.append(time.perf_counter() - start)
+    return dict(tokens=tokens, seconds=statistics.median(times), all_seconds=times)
+
+
+def _config(args, cache_dir):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from configs import base
+
+    config = base.get_config().data
+    config.input_files = [args.corpus]
+    config.cache_dir = cache_dir
+    return config
+
+
+def run_pipeline(args, max_batches=None):
+    import numpy as np
+    import tensorflow  # noqa: F401  (process start-up, not pipeline work: excluded like HF's)
+    import tensorflow_text  # noqa: F401
+
+    from bertjax import data_sources, input_pipeline
+
+    with tempfile.TemporaryDirectory() as cache_dir:
+        config = _config(args, cache_dir)
+        kwargs = dict(batch_size=args.batch_size, seed=0, process_index=0, process_count=1)
+        start = time.perf_counter()
+        dataset = input_pipeline.create_pretrain_dataset(config, **kwargs)
+        built = time.perf_counter() - start
+        table = data_sources.open_or_build(
+            config, data_sources.create_tokenizer(config), "train", 0
+        )
+        epoch = -(-table.num_rows // args.batch_size)
+        count = epoch if max_batches is None else min(max_batches, epoch)
+        for _ in dataset.take(count):
+            pass
+        cold = time.perf_counter() - start
+        times, tokens = [], 0
+        for _ in range(args.reps if max_batches is None else 0):
+            start = time.perf_counter()
+            tokens = sum(int(np.sum(b["input_mask"])) for b in dataset.take(epoch))
+            times.append(time.perf_counter() - start)
+    return dict(
+        build_seconds=built,
+        cold_seconds=cold,
+        rows=table.num_rows,
+        batches=count,
+        warm_tokens=tokens,
+        warm_seconds=statistics.median(times) if times else None,
+    )
+
+
+def _child(mode, args, corpus):
+    cmd = [
+        sys.executable,
+        __file__,
+        f"--child={mode}",
+        f"--corpus={corpus}",
+        f"--reps={args.reps}",
+        f"--batch_size={args.batch_size}",
+    ]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--corpus", default=None)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--child", default=None)
+    args = parser.parse_args()
+    if args.child:
+        runners = {
+            "hf": lambda: run_hf(args),
+            "tok": lambda: run_tokenizer(args),
+            "fastbert": lambda: run_tokenizer(args, fast=True),
+            "pipeline": lambda: run_pipeline(args),
+            "rss10": lambda: run_pipeline(args, max_batches=200),
+        }
+        result = runners[args.child]()
+        result["peak_rss_mb"] = _peak_rss_mb()
+        print(json.dumps(result))
+        return
+    from bertjax import data
+
+    corpus = args.corpus or data.TRAIN_CORPUS
+    hf = _child("hf", args, corpus)
+    tok = _child("tok", args, corpus)
+    fast = _child("fastbert", args, corpus)
+    pipe = _child("pipeline", args, corpus)
+    with tempfile.TemporaryDirectory() as tmp:
+        big = os.path.join(tmp, "corpus10x.txt")
+        text = "\n".join(_lines_with_blanks(corpus))
+        with open(big, "w") as f:
+            for _ in range(10):
+                f.write(text + "\n\n")
+        pipe10 = _child("rss10", args, big)
+    tokens = hf["tokens"]
+    rows = [
+        ("HF tokenizers encode_batch (median)", tokens / hf["seconds"], hf["peak_rss_mb"]),
+        (
+            "bertjax tokenization.py alone in tf.data",
+            tok["tokens"] / tok["seconds"],
+            tok["peak_rss_mb"],
+        ),
+        (
+            "tf-text FastBertTokenizer alone in tf.data",
+            fast["tokens"] / fast["seconds"],
+            fast["peak_rss_mb"],
+        ),
+        (
+            "bertjax pipeline, cold (first epoch)",
+            tokens / pipe["cold_seconds"],
+            pipe["peak_rss_mb"],
+        ),
+        (
+            "bertjax pipeline, warm epochs (median)",
+            pipe["warm_tokens"] / pipe["warm_seconds"],
+            pipe["peak_rss_mb"],
+        ),
+        (
+            "bertjax pipeline, cold, 10x corpus (build + 200 batches)",
+            10 * tokens / pipe10["cold_seconds"],
+            pipe10["peak_rss_mb"],
+        ),
+    ]
+    print(
+        f"corpus {corpus}: {tokens} tokens; instance rows {pipe['rows']}; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print("| run | tokens/s | vs HF | peak RSS MB |\n| --- | --- | --- | --- |")
+    for name, rate, rss in rows:
+        speed = f"{rate / 1e6:.3f}M | {rate * hf['seconds'] / tokens:.2f}x" if rate else "- | -"
+        print(f"| {name} | {speed} | {rss:.0f} |")
+    print(json.dumps(dict(hf=hf, tok=tok, fastbert=fast, pipeline=pipe, pipeline_10x=pipe10)))
+
+
+def _lines_with_blanks(path):
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        return [line.rstrip("\n") for line in f]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Where pretraining rows come from: input globs, the tokenizer, the cached instance table for
+text/TFDS corpora, and pre-generated TFRecords in the original BERT format. No JAX.
+
+Instance table: the unmasked rows of ``pretraining_data.generate_instances`` (``<int32>[N, L+4]``)
+in one raw file under ``data.cache_dir`` (default ``$TMPDIR/bertjax_data_cache``), named by a
+fingerprint of everything that determines it (input files with sizes and mtimes, vocab, tokenizer
+settings, pairing settings, seed, split). It is written to a temporary name and renamed, with a
+``.json`` sidecar (row count and statistics) renamed last, so a killed build is never taken as
+valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not grow with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from bertjax import pretraining_data
+from bertjax.pretraining_data import DataError
+
+_FORMAT_VERSION = 2  # bump when pairing or the row layout changes: old caches are ignored
+
+
+def resolve_files(patterns, field: str) -> list[str]:
+    """Sorted files matching a glob or list of globs; DataError naming ``field`` if none."""
+    import tensorflow as tf
+
+    if isinstance(patterns, str):
+        patterns = [p for p in patterns.split(",") if p]
+    files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
+    if not files:
+        raise DataError(f"data.{field}={list(patterns)!r}: no file matches")
+    return files
+
+
+def create_tokenizer(data_config):
+    """The ``config.data`` tokenizer; a vocab problem becomes a DataError naming the file."""
+    from bertjax import tokenization
+
+    try:
+        return tokenization.create_tokenizer(
+            data_config.tokenizer, data_config.vocab_file, data_config.do_lower_case
+        )
+    except tokenization.TokenizerError as e:
+        raise DataError(f"data.vocab_file: {e}") from None
+
+
+def instance_options(data_config, tokenizer) -> pretraining_data.InstanceOptions:
+    return pretraining_data.InstanceOptions(
+        max_seq_length=int(data_config.max_seq_length),
+        short_seq_prob=float(data_config.short_seq_prob),
+        nsp=bool(data_config.nsp),
+        dupe_factor=int(data_config.dupe_factor),
+        random_doc_pool=int(data_config.random_doc_pool),
+        cls_id=tokenizer.cls_id,
+        sep_id=tokenizer.sep_id,
+        pad_id=tokenizer.pad_id,
+    )
+
+
+def read_documents(data_config, tokenizer, split: str):
+    """(documents iterator, source description) for a text or TFDS ``split``."""
+    if data_config.source == "tfds":
+        tfds_split = data_config.tfds_split if split == "train" else data_config.tfds_eval_split
+        lines = pretraining_data.tfds_line_dataset(
+            data_config.tfds_name,
+            tfds_split,
+            data_config.tfds_data_dir,
+            data_config.tfds_text_field,
+        )
+        source = f"tfds {data_config.tfds_name}:{tfds_split}"
+        batches = pretraining_data.tokenized_line_batches(lines, tokenizer)
+        return pretraining_data.documents_from_batches(batches, source), source
+    field = "input_files" if split == "train" else "eval_input_files"
+    files = resolve_files(getattr(data_config, field), field)
+    return pretraining_data.read_text_documents(files, tokenizer), f"data.{field} {files}"
+
+
+@dataclasses.dataclass
+class InstanceTable:
+    """Fixed-size ``<int32>[L + 4]`` rows in a raw file; ``meta`` holds counts and stats."""
+
+    path: str
+    row_length: int
+    num_rows: int
+    meta: dict
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """``<int64>[R]`` row indices -> ``<int32>[R, L + 4]``."""
+        nbytes = self.row_length * 4
+        out = np.empty((len(rows), self.row_length), dtype=np.int32)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for i, row in enumerate(rows.tolist()):
+                out[i] = np.frombuffer(os.pread(fd, nbytes, row * nbytes), dtype=np.int32)
+        finally:
+            os.close(fd)
+        return out
+
+
+def _fingerprint(data_config, split: str, seed: int) -> str:
+    if data_config.source == "tfds":
+        inputs = [
+            data_config.tfds_name,
+            data_config.tfds_data_dir,
+            data_config.tfds_text_field,
+            data_config.tfds_split if split == "train" else data_config.tfds_eval_split,
+        ]
+    else:
+        field = "input_files" if split == "train" else "eval_input_files"
+        files = resolve_files(getattr(data_config, field), field)
+        inputs = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    vocab = data_config.vocab_file
+    key = [
+        _FORMAT_VERSION,
+        inputs,
+        vocab,
+        os.path.getsize(vocab),
+        os.path.getmtime(vocab),
+        data_config.tokenizer,
+        data_config.do_lower_case,
+        data_config.max_seq_length,
+        data_config.short_seq_prob,
+        data_config.nsp,
+        data_config.dupe_factor,
+        data_config.random_doc_pool,
+        seed,
+        split,
+    ]
+    return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:20]
+
+
+def _summarise(block: np.ndarray, length: int, unk_id: int, stats: dict) -> None:
+    meta = block[:, length:]
+    stats["instances"] += len(block)
+    stats["tokens"] += int(meta[:, pretraining_data.META_NUM_TOKENS].sum())
+    stats["not_next"] += int(meta[:, pretraining_data.META_LABEL].sum())
+    stats["truncated"] += int(meta[:, pretraining_data.META_TRUNCATED].sum())
+    stats["unk"] += int((block[:, :length] == unk_id).sum())
+
+
+def write_table(blocks, path: str, length: int, unk_id: int) -> dict:
+    """Streams instance blocks to ``path`` atomically; returns the statistics written beside it."""
+    stats = dict(instances=0, tokens=0, not_next=0, truncated=0, unk=0)
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".building-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for block in blocks:
+                f.write(np.ascontiguousarray(block, dtype=np.int32).tobytes())
+                _summarise(block, length, unk_id, stats)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return stats
+
+
+def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTable:
+    """The cached instance table of ``split``, building it first if needed (deterministic)."""
+    cache_dir = data_config.cache_dir or os.path.join(tempfile.gettempdir(), "bertjax_data_cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    base = os.path.join(cache_dir, f"instances-{_fingerprint(data_config, split, seed)}")
+    row_length = data_config.max_seq_length + pretraining_data.NUM_META
+    if not os.path.exists(base + ".json"):
+        documents, source = read_documents(data_config, tokenizer, split)
+        options = instance_options(data_config, tokenizer)
+        blocks = pretraining_data.generate_instances(documents, seed, options, source)
+        stats = write_table(blocks, base + ".rows", data_config.max_seq_length, tokenizer.unk_id)
+        stats["source"] = source
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".building-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, base + ".json")
+    with open(base + ".json") as f:
+        meta = json.load(f)
+    num_rows = os.path.getsize(base + ".rows") // (4 * row_length)
+    if num_rows != meta["instances"]:
+        raise DataError(
+            f"instance cache {base}.rows: {num_rows} rows, expected "
+            f"{meta['instances']}; delete it to rebuild"
+        )
+    return InstanceTable(base + ".rows", row_length, num_rows, meta)

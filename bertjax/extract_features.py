@@ -1,0 +1,227 @@
+"""Feature extraction: per-token activations of chosen layers, like Google's extract_features.py.
+
+    python -m bertjax.extract_features --input_file=in.txt --output_file=out.jsonl \
+        --checkpoint=DIR [--layers=-1,-2,-3,-4] [--max_seq_length=128] [--batch_size=8] \
+        [--vocab_file=V] [--do_lower_case=true|false]
+
+Input: one sequence per line, ``A ||| B`` for a pair (every line is an example, blank ones too,
+as in the original). Output: one JSON object per input line, the original script's format::
+
+    {"linex_index": i, "features": [{"token": "[CLS]",
+                                      "layers": [{"index": -1, "values": [...]}, ...]}, ...]}
+
+Layer ``-1`` is the last encoder layer and ``-num_layers`` the first (the original indexes only
+encoder layers, not the embeddings; non-negative ``j`` is layer ``j + 1``). Values are rounded
+with ``round(x, 6)`` as the original. A pair is truncated to ``max_seq_length - 3`` word pieces by
+popping from the longer side (``B`` on ties), a single sequence to ``max_seq_length - 2``.
+
+``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
+``bertjax.convert``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
+last batch is padded. The output file is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+import sys
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from bertjax import convert
+from bertjax.model import BertConfig, BertEncoder
+
+_PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
+
+
+class ExtractError(ValueError):
+    """Bad input file, flag or checkpoint for feature extraction."""
+
+
+@dataclasses.dataclass
+class Feature:
+    """One example: tokens (with [CLS]/[SEP]) and its <int32>[L] model inputs."""
+
+    unique_id: int
+    tokens: list[str]
+    input_ids: list[int]
+    segment_ids: list[int]
+
+
+def read_examples(input_file: str) -> list[tuple[str, str | None]]:
+    """Lines -> (text_a, text_b or None); ``A ||| B`` splits a pair as the original regex does."""
+    if not os.path.exists(input_file):
+        raise ExtractError(f"--input_file={input_file}: file not found")
+    examples = []
+    with open(input_file, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            match = _PAIR_RE.match(line)
+            examples.append((match.group(1), match.group(2)) if match else (line, None))
+    return examples
+
+
+def truncate_seq_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
+    """Pops from the longer list (``tokens_b`` on ties) until the total fits, in place."""
+    while len(tokens_a) + len(tokens_b) > max_length:
+        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+
+
+def build_features(examples, tokenizer, max_seq_length: int) -> list[Feature]:
+    """Tokenizes, truncates and adds [CLS]/[SEP] (segment 0 for A, 1 for B), like the original."""
+    pieces_a = tokenizer.encode([a for a, _ in examples])
+    pieces_b = iter(tokenizer.encode([b for _, b in examples if b is not None]))
+    features = []
+    for unique_id, ((_, text_b), ids_a) in enumerate(zip(examples, pieces_a, strict=True)):
+        ids_b = list(next(pieces_b)) if text_b is not None else []
+        ids_a = list(ids_a)
+        if text_b is not None:
+            truncate_seq_pair(ids_a, ids_b, max_seq_length - 3)
+        else:
+            ids_a = ids_a[: max_seq_length - 2]
+        input_ids = [tokenizer.cls_id, *ids_a, tokenizer.sep_id]
+        segment_ids = [0] * len(input_ids)
+        if text_b is not None:
+            input_ids += [*ids_b, tokenizer.sep_id]
+            segment_ids += [1] * (len(ids_b) + 1)
+        tokens = tokenizer.convert_ids_to_tokens(input_ids)
+        features.append(Feature(unique_id, tokens, input_ids, segment_ids))
+    return features
+
+
+def hidden_state_positions(layers: list[int], num_layers: int) -> list[int]:
+    """Original layer indexes -> positions in ``EncoderOutput.hidden_states`` (embeddings at 0)."""
+    positions = []
+    for index in layers:
+        if not -num_layers <= index < num_layers:
+            raise ExtractError(f"--layers: index {index} is out of range for a {num_layers}-layer "
+                               f"model (expected -{num_layers}..{num_layers - 1})")  # fmt: skip
+        positions.append(index + 1 if index >= 0 else num_layers + 1 + index)
+    return positions
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _forward(config: BertConfig, positions: tuple[int, ...], params, input_ids, segment_ids,
+             input_mask) -> jax.Array:  # fmt: skip
+    """<int32>[B, L] x3 -> <float32>[B, K, L, H] activations of the K chosen layers."""
+    out = BertEncoder(config).apply({"params": params}, input_ids, segment_ids, input_mask,
+                                    output_hidden_states=True)  # fmt: skip
+    return jnp.stack([out.hidden_states[p] for p in positions], axis=1).astype(jnp.float32)
+
+
+def _batches(features: list[Feature], batch_size: int, max_seq_length: int):
+    """Yields (features, ids, segment_ids, mask), each <int32>[batch_size, max_seq_length]."""
+    for start in range(0, len(features), batch_size):
+        chunk = features[start : start + batch_size]
+        arrays = np.zeros((3, batch_size, max_seq_length), np.int32)  # the last batch is padded
+        for row, feature in enumerate(chunk):
+            n = len(feature.input_ids)
+            arrays[:, row, :n] = feature.input_ids, feature.segment_ids, [1] * n
+        yield chunk, arrays[0], arrays[1], arrays[2]
+
+
+def _json_line(feature: Feature, activations: np.ndarray, layers: list[int]) -> str:
+    """<float32>[K, L, H] activations of one example -> the original script's JSON line."""
+    tokens = []
+    for i, token in enumerate(feature.tokens):
+        tokens.append({"token": token, "layers": [
+            {"index": index, "values": [round(float(x), 6) for x in activations[k, i]]}
+            for k, index in enumerate(layers)
+        ]})  # fmt: skip
+    return json.dumps({"linex_index": feature.unique_id, "features": tokens}) + "\n"
+
+
+def _validate(conv: convert.Converted, max_seq_length: int, batch_size: int, vocab_size: int):
+    if not 3 <= max_seq_length <= conv.config.max_position_embeddings:
+        limit = conv.config.max_position_embeddings
+        raise ExtractError(f"--max_seq_length={max_seq_length}: expected 3..{limit}")
+    if batch_size < 1:
+        raise ExtractError(f"--batch_size={batch_size}: expected a positive integer")
+    if vocab_size > conv.config.vocab_size:
+        raise ExtractError(f"--vocab_file: {vocab_size} tokens, but the checkpoint's embedding has "
+                           f"{conv.config.vocab_size} rows")  # fmt: skip
+
+
+def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int],
+            max_seq_length: int = 128, batch_size: int = 8, vocab_file: str | None = None,
+            do_lower_case: bool | None = None) -> int:  # fmt: skip
+    """Writes the JSON lines for every line of ``input_file``; returns the number written."""
+    import tensorflow as tf  # noqa: PLC0415 - heavy; only the tokenizer needs it
+
+    from bertjax.tokenization import WordPieceTokenizer  # noqa: PLC0415
+
+    try:
+        tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes; keep it off the GPU.
+    except RuntimeError:  # TF already initialised its devices in this process: leave them.
+        pass
+    try:
+        conv = convert.load(checkpoint, do_lower_case=do_lower_case)
+    except convert.ConvertError as e:
+        raise ExtractError(f"--checkpoint: {e}") from None
+    casing = conv.do_lower_case if do_lower_case is None else do_lower_case
+    tokenizer = WordPieceTokenizer(vocab_file or conv.vocab_file, casing)
+    _validate(conv, max_seq_length, batch_size, tokenizer.vocab_size)
+    positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
+    features = build_features(read_examples(input_file), tokenizer, max_seq_length)
+    params = jax.device_put(conv.params["encoder"])
+    tmp = f"{output_file}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
+                out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
+                for row, feature in enumerate(chunk):
+                    f.write(_json_line(feature, out[row], layers))
+        os.replace(tmp, output_file)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return len(features)
+
+
+def parse_layers(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ExtractError(f"--layers={text!r}: expected comma-separated integers") from None
+
+
+FLAGS = flags.FLAGS
+
+
+def _define_flags() -> None:
+    flags.DEFINE_string("input_file", None, "Text file: one sequence per line, 'A ||| B' pairs.")
+    flags.DEFINE_string("output_file", None, "JSON lines output (written atomically).")
+    flags.DEFINE_string("checkpoint", None, "bertjax params-only checkpoint or HF directory.")
+    flags.DEFINE_string("layers", "-1,-2,-3,-4", "Comma-separated layer indexes (-1 = last).")
+    flags.DEFINE_string("vocab_file", None, "WordPiece vocab; default: the checkpoint's.")
+    flags.DEFINE_boolean("do_lower_case", None, "Lower-case input; default: the checkpoint's.")
+    flags.DEFINE_integer("max_seq_length", 128, "Word pieces per example incl. [CLS]/[SEP].")
+    flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    for name in ("input_file", "output_file", "checkpoint"):
+        if FLAGS[name].value is None:
+            raise app.UsageError(f"--{name} is required")
+    try:
+        n = extract(FLAGS.checkpoint, FLAGS.input_file, FLAGS.output_file,
+                    parse_layers(FLAGS.layers), FLAGS.max_seq_length, FLAGS.batch_size,
+                    FLAGS.vocab_file, FLAGS.do_lower_case)  # fmt: skip
+    except ValueError as e:  # ExtractError, ConvertError, TokenizerError: one line, no traceback
+        print(f"extract_features: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"wrote features of {n} lines to {FLAGS.output_file}")
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)

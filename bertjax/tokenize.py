@@ -1,0 +1,87 @@
+"""Tokenizes stdin line by line: one line of space-separated WordPiece ids per input line.
+
+    python -m bertjax.tokenize --vocab_file=vocab.txt [--do_lower_case=true|false] < in.txt
+
+No special tokens are added; an empty input line gives an empty output line. Ids are those of
+HuggingFace ``BertTokenizerFast(vocab_file, do_lower_case)`` (see ``bertjax.tokenization``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import BinaryIO, TextIO
+
+import tensorflow as tf
+from absl import app, flags
+
+from bertjax import tokenization
+
+_BATCH_LINES = 4096
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Only the CLI defines its flags globally, so importing never clashes with other tools."""
+    flags.DEFINE_string(
+        "vocab_file", None, "WordPiece vocab.txt (one token per line).", flag_values=flag_values
+    )
+    flags.DEFINE_bool(
+        "do_lower_case",
+        True,
+        "Uncased (lowercase + strip accents) or cased.",
+        flag_values=flag_values,
+    )
+
+
+def _batches(stream: BinaryIO) -> Iterator[list[str]]:
+    """Lists of at most _BATCH_LINES decoded lines, without their line endings."""
+    batch: list[str] = []
+    for number, raw in enumerate(stream, start=1):
+        try:
+            batch.append(raw.decode("utf-8").removesuffix("\n"))
+        except UnicodeDecodeError as e:
+            raise tokenization.TokenizerError(
+                f"stdin line {number}: not UTF-8 ({e.reason})"
+            ) from None
+        if len(batch) == _BATCH_LINES:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def tokenize_stream(
+    tokenizer: tokenization.WordPieceTokenizer, stream: BinaryIO, out: TextIO
+) -> None:
+    """Writes one line of ids per line of ``stream``."""
+    tokenize = tf.function(tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
+    for lines in _batches(stream):
+        ids = tokenize(tf.constant(lines, tf.string))
+        for row in ids.to_list():
+            out.write(" ".join(map(str, row)) + "\n")
+
+
+def run(flag_values: flags.FlagValues, stdin: BinaryIO, stdout: TextIO) -> int:
+    """The CLI on parsed flags; returns the exit status (errors as one line on stderr)."""
+    try:
+        if not flag_values.vocab_file:
+            raise tokenization.TokenizerError("--vocab_file is required")
+        tokenizer = tokenization.WordPieceTokenizer(
+            flag_values.vocab_file, flag_values.do_lower_case
+        )
+        tokenize_stream(tokenizer, stdin, stdout)
+    except tokenization.TokenizerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    sys.exit(run(flags.FLAGS, sys.stdin.buffer, sys.stdout))
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

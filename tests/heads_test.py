@@ -1,0 +1,107 @@
+"""Heads against references: HF ``BertForPreTraining`` (PyTorch) logits and parameter counts, and a
+direct numpy transcription of the MLM head (gather -> dense -> GELU -> LayerNorm -> tied decoder).
+The BERT-base-size parity is in convert_test.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import linen as nn
+
+from bertjax import convert, model
+from bertjax.heads import BertForPreTraining, BertModel, MaskedLMHead
+
+TINY_HF = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=32, max_position_embeddings=16)  # fmt: skip
+
+
+def _hf_pretraining_dir(tmp_path, hidden_act: str):
+    torch.manual_seed(0)
+    hf_model = transformers.BertForPreTraining(
+        transformers.BertConfig(hidden_act=hidden_act, **TINY_HF)
+    ).eval()
+    hf_model.save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(TINY_HF["vocab_size"])))
+    return hf_model
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
+def test_pretraining_logits_match_hf(tmp_path, hidden_act):
+    hf_model = _hf_pretraining_dir(tmp_path, hidden_act)
+    conv = convert.load(str(tmp_path), do_lower_case=True)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 40, (2, 10)).astype(np.int32)
+    segments = (np.arange(10)[None].repeat(2, 0) >= 6).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    positions = np.array([[1, 4, 8], [2, 3, 6]], np.int32)
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor(ids, dtype=torch.long),
+                       token_type_ids=torch.tensor(segments, dtype=torch.long),
+                       attention_mask=torch.tensor(mask, dtype=torch.long))  # fmt: skip
+    out = jax.jit(BertForPreTraining(conv.config).apply)({"params": conv.params}, ids, segments,
+                                                         mask, positions)  # fmt: skip
+    ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)
+    assert out.mlm_logits.shape == (2, 3, 40) and out.mlm_logits.dtype == jnp.float32
+    mlm = np.abs(np.asarray(out.mlm_logits) - ref_mlm).max()
+    nsp = np.abs(np.asarray(out.nsp_logits) - ref.seq_relationship_logits.numpy()).max()
+    print(f"\n{hidden_act}: MLM logits max abs diff {mlm:.3g}, NSP {nsp:.3g}")
+    assert mlm <= 1e-5 and nsp <= 1e-5
+
+
+def test_pretraining_param_count_equals_hf_tied_decoder():
+    # HF counts the tied decoder once; an untied V x H decoder would add 23.4M at base size.
+    cfg = model.config_for_size("base")
+    ids = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    positions = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+    abstract = jax.eval_shape(BertForPreTraining(cfg).init, jax.random.key(0), ids, ids, ids,
+                              positions)  # fmt: skip
+    with torch.device("meta"):
+        hf_model = transformers.BertForPreTraining(transformers.BertConfig())
+    hf_count = sum(p.numel() for p in hf_model.parameters())
+    assert model.count_params(nn.unbox(abstract)) == hf_count == 110_106_428
+
+
+def test_bert_model_params_are_a_subtree_of_pretraining():
+    # A pretraining checkpoint initialises a fine-tuning model by copying encoder and pooler.
+    cfg = model.config_for_size("tiny")
+    ids = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    full = jax.eval_shape(BertForPreTraining(cfg).init, jax.random.key(0), ids, ids, ids,
+                          jax.ShapeDtypeStruct((1, 2), jnp.int32))["params"]  # fmt: skip
+    base = jax.eval_shape(BertModel(cfg).init, jax.random.key(0), ids, ids, ids)["params"]
+    assert sorted(full) == ["encoder", "mlm", "nsp", "pooler"]
+    assert sorted(base) == ["encoder", "pooler"]
+    shapes = lambda tree: jax.tree.map(lambda x: x.shape, nn.unbox(tree))
+    assert shapes({k: full[k] for k in base}) == shapes(base)
+
+
+def _layer_norm(x, scale, bias, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def test_mlm_head_matches_numpy_transcription():
+    """Original BERT's get_masked_lm_output: gather, dense+gelu(tanh), LayerNorm, E^T + bias."""
+    cfg = model.BertConfig(vocab_size=11, hidden_size=6, num_layers=1, num_heads=2,
+                           intermediate_size=8)  # fmt: skip
+    rng = np.random.default_rng(0)
+    sequence = rng.normal(size=(2, 5, 6)).astype(np.float32)
+    positions = np.array([[0, 4, 4], [3, 1, 0]], np.int32)
+    embedding = rng.normal(size=(11, 6)).astype(np.float32)
+    head = MaskedLMHead(cfg)
+    decoder = lambda h: h @ embedding.T
+    params = nn.unbox(
+        jax.eval_shape(lambda k: head.init(k, sequence, positions, decoder), jax.random.key(0))
+    )
+    params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params["params"])
+    got = np.asarray(head.apply({"params": params}, sequence, positions, decoder))
+    gathered = sequence[np.arange(2)[:, None], positions]
+    h = gathered @ params["transform"]["kernel"] + params["transform"]["bias"]
+    h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    h = _layer_norm(h, params["layer_norm"]["scale"], params["layer_norm"]["bias"], 1e-12)
+    expected = h @ embedding.T + params["output_bias"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
