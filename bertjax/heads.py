@@ -11,8 +11,9 @@ them (a pretraining checkpoint initialises a fine-tuning model by copying ``enco
     mlm/output_bias <V>                      decoder is tied to encoder/embeddings/word_embeddings
     nsp/dense/{kernel <H, 2>, bias <2>}      IsNext / NotNext on the pooled output
 
-Task heads (classification, span, tagging, multiple choice) live in ``finetune``'s models and use
-the same ``encoder``/``pooler`` names.
+Task heads (classification/regression, span, tagging, multiple choice; used by
+``bertjax.finetune``) are at the end of this file and use the same ``encoder``/``pooler`` names;
+their own subtrees are ``classifier/dense`` (or ``span`` for SQuAD).
 """
 
 from __future__ import annotations
@@ -52,8 +53,12 @@ class MaskedLMHead(nn.Module):
         gathered = jnp.take_along_axis(sequence_output, masked_lm_positions[..., None], axis=1)
         h = Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="transform")(gathered)
         h = layer_norm(cfg, "layer_norm")(activation(cfg.hidden_act)(h))
-        bias = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
-                          (cfg.vocab_size,), jnp.dtype(cfg.param_dtype))
+        bias = self.param(
+            "output_bias",
+            nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
+            (cfg.vocab_size,),
+            jnp.dtype(cfg.param_dtype),
+        )
         logits = decoder(h).astype(jnp.float32) + bias.astype(jnp.float32)
         return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
 
@@ -65,7 +70,9 @@ class NextSentenceHead(nn.Module):
 
     @nn.compact
     def __call__(self, pooled_output: jax.Array) -> jax.Array:
-        return Dense((2,), (sh.EMBED, None), self.config, name="dense")(pooled_output).astype(jnp.float32)
+        return Dense((2,), (sh.EMBED, None), self.config, name="dense")(pooled_output).astype(
+            jnp.float32
+        )
 
 
 class BertOutput(NamedTuple):
@@ -83,10 +90,22 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(self.config, name="encoder")
         self.pooler = Pooler(self.config, name="pooler")
 
-    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True,
-                 output_hidden_states: bool = False) -> BertOutput:
-        out = self.encoder(input_ids, segment_ids, input_mask, deterministic=deterministic,
-                           output_hidden_states=output_hidden_states)
+    def __call__(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        *,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ) -> BertOutput:
+        out = self.encoder(
+            input_ids,
+            segment_ids,
+            input_mask,
+            deterministic=deterministic,
+            output_hidden_states=output_hidden_states,
+        )
         return BertOutput(out.sequence_output, self.pooler(out.sequence_output), out.hidden_states)
 
 
@@ -110,11 +129,102 @@ class BertForPreTraining(nn.Module):
         self.mlm = MaskedLMHead(self.config, name="mlm")
         self.nsp = NextSentenceHead(self.config, name="nsp")
 
-    def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, *,
-                 deterministic: bool = True) -> PreTrainingOutput:
+    def __call__(
+        self, input_ids, segment_ids, input_mask, masked_lm_positions, *, deterministic: bool = True
+    ) -> PreTrainingOutput:
         """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
-        sequence_output = self.encoder(input_ids, segment_ids, input_mask,
-                                       deterministic=deterministic).sequence_output
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
         mlm_logits = self.mlm(sequence_output, masked_lm_positions, self.encoder.attend)
         nsp_logits = self.nsp(self.pooler(sequence_output))
         return PreTrainingOutput(mlm_logits, nsp_logits)
+
+
+# ---- Fine-tuning task heads (paper §4). Same ``encoder``/``pooler`` names as BertModel. ----
+
+
+class ClassificationOutput(nn.Module):
+    """Dropout + dense: <dtype>[..., H] -> <float32>[..., features] (original run_classifier.py)."""
+
+    config: BertConfig
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        x = nn.Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
+        dense = Dense((self.features,), (sh.EMBED, None), self.config, name="dense")
+        return dense(x).astype(jnp.float32)
+
+
+class BertForSequenceClassification(nn.Module):
+    """[CLS] classifier on the pooled output -> <float32>[B, num_labels] (1 label: regression)."""
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        """<int32>[B, L] x3 -> <float32>[B, num_labels]."""
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.classifier(self.pooler(sequence_output), deterministic)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Start / end vectors S, E on the sequence output -> <float32>[B, L, 2] (start, end) logits."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.span = Dense((2,), (sh.EMBED, None), self.config, name="span")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.span(sequence_output).astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+    """Per-token tagger on the sequence output -> <float32>[B, L, num_labels]."""
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.classifier(sequence_output, deterministic)
+
+
+class BertForMultipleChoice(nn.Module):
+    """A vector V scores each choice's pooled output -> <float32>[B, C] (softmax over choices)."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.classifier = ClassificationOutput(self.config, 1, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        """<int32>[B, C, L] x3 -> <float32>[B, C]."""
+        batch, choices, length = input_ids.shape
+        flat = lambda x: x.reshape(batch * choices, length)
+        sequence_output = self.encoder(
+            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic
+        ).sequence_output
+        scores = self.classifier(self.pooler(sequence_output), deterministic)
+        return scores.reshape(batch, choices)

@@ -1,0 +1,121 @@
+"""SQuAD decoding: start/end logits of every window -> answer text, n-best list and null odds.
+
+Follows the original ``write_predictions``: per example, the ``n_best_size`` best start and end
+positions of each window give candidate spans (end >= start, length <= ``max_answer_length``,
+both inside the passage, start with maximal context in its window); candidates are ranked by
+start + end logit; the WordPieces are mapped back to the original whitespace words and the text
+is trimmed to the predicted pieces (``final_text``). For v2.0 the null score is the smallest
+[CLS] start + end logit over the windows.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from bertjax.finetune.squad import basic_tokens
+
+
+def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
+    chars, index_map = [], {}
+    for i, ch in enumerate(text):
+        if ch != " ":
+            index_map[len(chars)] = i
+            chars.append(ch)
+    return "".join(chars), index_map
+
+
+def final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
+    """The part of ``orig_text`` (original words) that the normalised ``pred_text`` covers.
+
+    When the two cannot be aligned character by character, ``orig_text`` is returned (as the
+    original ``get_final_text``).
+    """
+    tok_text = " ".join(basic_tokens(orig_text, do_lower_case))
+    start = tok_text.find(pred_text)
+    if start == -1:
+        return orig_text
+    end = start + len(pred_text) - 1
+    orig_ns, orig_map = _strip_spaces(orig_text)
+    tok_ns, tok_map = _strip_spaces(tok_text)
+    if len(orig_ns) != len(tok_ns):
+        return orig_text
+    tok_to_ns = {v: k for k, v in tok_map.items()}
+    if start not in tok_to_ns or end not in tok_to_ns:
+        return orig_text
+    return orig_text[orig_map[tok_to_ns[start]] : orig_map[tok_to_ns[end]] + 1]
+
+
+def _top(values: np.ndarray, n: int) -> list[int]:
+    return [int(i) for i in np.argsort(-values, kind="stable")[:n]]
+
+
+def _candidates(feature_ids, features, logits, config):
+    """(feature id, start, end, start logit, end logit) spans and the null (score, entry)."""
+    prelim, null = [], None
+    for f in feature_ids:
+        meta = features.meta[f]
+        start_logits, end_logits = logits[f, :, 0], logits[f, :, 1]
+        null_score = start_logits[0] + end_logits[0]
+        if null is None or null_score < null[0]:
+            null = (float(null_score), (f, 0, 0, float(start_logits[0]), float(end_logits[0])))
+        to_orig, is_max = meta["token_to_orig_map"], meta["token_is_max_context"]
+        for s in _top(start_logits, config.n_best_size):
+            for e in _top(end_logits, config.n_best_size):
+                if s not in to_orig or e not in to_orig or not is_max.get(s, False):
+                    continue
+                if e < s or e - s + 1 > config.max_answer_length:
+                    continue
+                prelim.append((f, s, e, float(start_logits[s]), float(end_logits[e])))
+    return prelim, null
+
+
+def _span_text(example, features, tokenizer, f, s, e) -> str:
+    meta = features.meta[f]
+    pieces = tokenizer.convert_ids_to_tokens(meta["token_ids"][s : e + 1])
+    tok_text = " ".join(pieces).replace(" ##", "").replace("##", "")
+    tok_text = " ".join(tok_text.strip().split())
+    words = example.doc_tokens[meta["token_to_orig_map"][s] : meta["token_to_orig_map"][e] + 1]
+    return final_text(tok_text, " ".join(words), tokenizer.do_lower_case)
+
+
+def decode(examples, features, logits, tokenizer, config, is_v2: bool):
+    """-> (predictions {id: text}, null_odds {id: float} (v2.0), nbest {id: [entries]})."""
+    by_example = collections.defaultdict(list)
+    for f, meta in enumerate(features.meta):
+        by_example[meta["example_index"]].append(f)
+    predictions, null_odds, nbest_json = {}, {}, {}
+    for index, example in enumerate(examples):
+        prelim, null = _candidates(by_example[index], features, logits, config)
+        if is_v2 and null is not None:
+            prelim.append(null[1])
+        prelim.sort(key=lambda c: c[3] + c[4], reverse=True)
+        nbest, seen = [], set()
+        for f, s, e, start_logit, end_logit in prelim:
+            if len(nbest) >= config.n_best_size:
+                break
+            text = _span_text(example, features, tokenizer, f, s, e) if s > 0 else ""
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append((text, start_logit, end_logit))
+        if is_v2 and "" not in seen and null is not None:
+            nbest.append(("", null[1][3], null[1][4]))
+        if len(nbest) < (2 if is_v2 else 1):  # the original's guard against an empty list
+            nbest.insert(0, ("empty", 0.0, 0.0))
+        scores = np.asarray([s + e for _, s, e in nbest])
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        nbest_json[example.qas_id] = [
+            {"text": t, "probability": float(p), "start_logit": s, "end_logit": e}
+            for (t, s, e), p in zip(nbest, probs, strict=True)
+        ]
+        if not is_v2:
+            predictions[example.qas_id] = nbest[0][0]
+            continue
+        best = next(entry for entry in nbest if entry[0])
+        diff = null[0] - best[1] - best[2]
+        null_odds[example.qas_id] = float(diff)
+        predictions[example.qas_id] = "" if diff > config.null_score_diff_threshold else best[0]
+    return predictions, null_odds, nbest_json

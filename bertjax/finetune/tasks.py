@@ -1,0 +1,160 @@
+"""What every fine-tuning task provides, and the pieces they share (reading, packing, errors).
+
+A task (``glue.GlueTask``, ``squad.SquadTask``, ``ner.NerTask``, ``swag.SwagTask``) has::
+
+    name, head        head in HEADS: which model of ``bertjax.heads`` and which loss
+    num_labels        classes per example (classification, tagging); 1 for regression
+    train_split       the split name fine-tuned on; dev_splits / test_splits: evaluated / predicted
+    primary_metric    the dev metric the learning-rate sweep selects by
+    read(data_dir, split)                 -> list of examples (task-specific dataclasses)
+    featurize(examples, tokenizer, cfg)   -> Features
+    evaluate(examples, features, logits)  -> (metrics dict, predictions object)
+    write_predictions(out_dir, split, examples, features, logits, with_labels) -> list of paths
+
+Features are the model inputs as numpy arrays with a leading feature dimension N (one example can
+give several features: SQuAD's doc-stride windows)::
+
+    input_ids, segment_ids, input_mask   <int32>[N, L]  (<int32>[N, C, L] for multiple choice)
+    label_ids     classification / choice <int32>[N]; regression <float32>[N];
+                  tagging <int32>[N, L]; span: start_positions, end_positions <int32>[N]
+    label_weights tagging only: <float32>[N, L], 1 on the first WordPiece of each word
+
+Skips that the official scripts also make (e.g. a SQuAD answer that cannot be recovered from the
+whitespace tokens, QQP lines with missing columns) are counted in ``Features.skipped`` / the
+task's ``skipped`` dict and reported in the metrics JSON; everything else malformed is a
+:class:`FinetuneInputError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+HEADS = ("classification", "regression", "span", "tagging", "choice")
+
+
+class FinetuneInputError(ValueError):
+    """Bad fine-tuning input: a data file, a label or a config value that does not fit."""
+
+
+@dataclasses.dataclass
+class Features:
+    """Model inputs/targets with leading dim N, plus per-feature host-side metadata."""
+
+    arrays: dict[str, np.ndarray]
+    meta: list = dataclasses.field(default_factory=list)
+    skipped: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.arrays["input_ids"])
+
+
+def load_tokenizer(vocab_file: str, do_lower_case: bool):
+    """The project's WordPiece tokenizer (``.encode``, ``.cls_id``, ``.sep_id``, ``.pad_id``)."""
+    from bertjax import tokenization  # TensorFlow import: only when a task needs it.
+
+    return tokenization.WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+
+
+def read_tsv(
+    path: str, *, has_header: bool
+) -> tuple[list[str] | None, list[tuple[int, list[str]]]]:
+    """A GLUE TSV (tab-separated, no quoting, like the original ``csv.reader(quotechar=None)``).
+
+    Returns the header (or None) and ``(line_number, columns)`` rows, 1-based line numbers.
+    """
+    if not os.path.exists(path):
+        raise FinetuneInputError(f"{path}: file not found")
+    csv.field_size_limit(sys.maxsize)
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = [(i + 1, row) for i, row in enumerate(csv.reader(f, delimiter="\t", quotechar=None))]
+    rows = [(n, row) for n, row in rows if row]
+    if has_header:
+        if not rows:
+            raise FinetuneInputError(f"{path}: empty file, expected a header line")
+        return rows[0][1], rows[1:]
+    return None, rows
+
+
+def truncate_pair(tokens_a: list[int], tokens_b: list[int], max_tokens: int) -> None:
+    """The original ``_truncate_seq_pair``: pop from the longer sequence until they fit."""
+    while len(tokens_a) + len(tokens_b) > max_tokens:
+        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+
+
+def pack(
+    tokenizer, tokens_a: Sequence[int], tokens_b: Sequence[int] | None, max_seq_length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[CLS] a [SEP] (b [SEP])`` padded to ``max_seq_length`` -> three <int32>[L] arrays.
+
+    The inputs must already fit (``truncate_pair`` / slicing); segment ids are 0 for a, 1 for b.
+    """
+    ids = [tokenizer.cls_id, *tokens_a, tokenizer.sep_id]
+    segments = [0] * len(ids)
+    if tokens_b is not None:
+        ids += [*tokens_b, tokenizer.sep_id]
+        segments += [1] * (len(tokens_b) + 1)
+    if len(ids) > max_seq_length:
+        raise ValueError(f"packed length {len(ids)} exceeds max_seq_length={max_seq_length}")
+    pad = max_seq_length - len(ids)
+    input_ids = np.asarray(ids + [tokenizer.pad_id] * pad, np.int32)
+    return (
+        input_ids,
+        np.asarray(segments + [0] * pad, np.int32),
+        np.asarray([1] * len(ids) + [0] * pad, np.int32),
+    )
+
+
+def stack(rows: list[dict[str, np.ndarray]], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    return {k: np.stack([r[k] for r in rows]) for k in keys}
+
+
+def count(skipped: dict[str, int], reason: str) -> None:
+    skipped[reason] = skipped.get(reason, 0) + 1
+
+
+def label_index(label_list: Sequence[str], label: str, where: str) -> int:
+    """The index of ``label``, or a FinetuneInputError naming ``where`` (file:line)."""
+    try:
+        return list(label_list).index(label)
+    except ValueError:
+        raise FinetuneInputError(
+            f"{where}: label {label!r} is not in the label set {list(label_list)}"
+        ) from None
+
+
+def get_task(config):
+    """The task object for ``config.task`` (mrpc, mnli, squad_v2, conll2003, swag, ...)."""
+    import importlib
+
+    name, known = config.task.lower(), []
+    for module_name, class_name in (
+        ("glue", "GlueTask"),
+        ("squad", "SquadTask"),
+        ("ner", "NerTask"),
+        ("swag", "SwagTask"),
+    ):
+        module = importlib.import_module(f"bertjax.finetune.{module_name}")
+        if name in module.TASKS:
+            return getattr(module, class_name)(name)
+        known += list(module.TASKS)
+    raise FinetuneInputError(f"config.task={config.task!r}: expected one of {sorted(known)}")
+
+
+def format_skips(skipped: dict[str, int]) -> str:
+    counts = collections.Counter(skipped)
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "none"
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """Writes under a temporary name and renames, so readers never see half a file."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

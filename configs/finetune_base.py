@@ -1,0 +1,62 @@
+"""Every fine-tuning configuration key, with its default (the paper's §4 hyper-parameters).
+
+The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py, finetune_swag.py) load
+this file and override only what differs. The architecture comes from the checkpoint.
+
+    python -m bertjax.finetune --config=configs/finetune_glue.py --config.task=mrpc \
+        --config.data_dir=DIR --config.init_checkpoint=CKPT --workdir=OUT
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.task = ""  # glue: cola sst2 mrpc stsb qqp mnli qnli rte wnli; squad_v1 squad_v2; ...
+    config.mode = "train"  # train | predict | sweep
+    config.data_dir = ""  # the task's standard files (see each task module's docstring)
+    config.init_checkpoint = ""  # bertjax params-only dir, HuggingFace dir or TF1 checkpoint
+    config.do_lower_case = "auto"  # auto (from the checkpoint) | true | false
+    config.predict_checkpoint = ""  # predict mode: fine-tuned checkpoint ('' = WORKDIR/checkpoint)
+    config.seed = 0  # head init, shuffling and dropout
+
+    # Only these BertConfig fields may differ from the checkpoint's.
+    config.model = ml_collections.ConfigDict()
+    config.model.hidden_size = 0  # 0: any; otherwise must equal the checkpoint's (a sanity check)
+    config.model.hidden_dropout_rate = 0.1
+    config.model.attention_dropout_rate = 0.1
+    config.model.dtype = "float32"
+    config.model.scan_layers = False
+    config.model.remat_policy = "none"
+
+    config.max_seq_length = 128
+    config.batch_size = 32  # global train batch (paper: 32)
+    config.eval_batch_size = 64
+    config.num_train_epochs = 3.0
+    config.learning_rate = 2e-5  # paper: best of {5e-5, 4e-5, 3e-5, 2e-5} on dev (see sweep)
+    config.warmup_proportion = 0.1  # linear warmup over this fraction of the steps
+    config.log_every_steps = 50
+
+    # bertjax.optimizer keys; learning_rate and warmup_steps are set from the keys above.
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "bert_adamw"  # the original AdamWeightDecayOptimizer
+    config.optimizer.learning_rate = 0.0
+    config.optimizer.warmup_steps = 0
+    config.optimizer.schedule = "linear"
+    config.optimizer.beta1 = 0.9
+    config.optimizer.beta2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.weight_decay = 0.01
+    config.optimizer.max_grad_norm = 1.0
+
+    config.sweep = ml_collections.ConfigDict()
+    config.sweep.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
+    config.sweep.num_restarts = 1  # the paper restarted BERT-LARGE on small sets; raise for that
+
+    # SQuAD (run_squad.py's flags).
+    config.doc_stride = 128
+    config.max_query_length = 64
+    config.n_best_size = 20
+    config.max_answer_length = 30
+    config.null_score_diff_threshold = 0.0  # v2.0: predict "" when null score - best > this
+    return config
