@@ -1,21 +1,25 @@
-"""Host pipeline throughput vs HuggingFace ``tokenizers`` on the same text, in one run.
+"""Host pipeline throughput vs HuggingFace ``tokenizers`` on the same text, interleaved in one run.
 
     python bench/pipeline_bench.py [--reps=3] [--batch_size=64] [--corpus=PATH]
 
-Each measurement runs in its own subprocess so its peak RSS (``ru_maxrss``) is its own:
+Each measurement runs in its own subprocess so its peak RSS (``ru_maxrss``) is its own. The
+machine is shared, so ``--reps`` rounds each run every mode in the order hf, 10x pipeline,
+tokenizer, hf, 1x pipeline, FastBert; a run's ratio is taken against the HF runs of its own
+round, and the table gives medians over rounds (and the min-max of the ratios):
 
 * ``hf``: ``tokenizers.BertWordPieceTokenizer(vocab, lowercase=True).encode_batch(lines)`` over
   every non-blank line of the corpus (the peers' reference, ``shared/bench/peers/tok_hf.py``);
-  median of ``--reps`` timed passes after one untimed pass. Its token count is the corpus size.
+  ``--child_reps`` timed passes after one untimed pass. Its token count is the corpus size.
 * ``tok`` / ``fastbert``: the tokenizer stage alone in ``tf.data`` (bertjax's
-  ``tokenization.py``; raw tf-text ``FastBertTokenizer`` for comparison), median of ``--reps``.
-* ``cold``: the whole bertjax pipeline from an empty cache: read + tokenize (tf-text in tf.data)
-  + pair + cache + permute + mask + batch, until one epoch of batches has been produced.
+  ``tokenization.py``; raw tf-text ``FastBertTokenizer`` for comparison).
+* ``pipeline``: the whole bertjax pipeline from an empty cache: read + tokenize (tf-text in
+  tf.data) + pair + cache + permute + mask + batch, until one epoch of batches has been produced.
   tokens/s = corpus tokens / wall time (the same count as ``hf``, so the ratio is like for like).
-* ``warm``: later epochs (instance table cached): tokens/s of real tokens in the batches.
-* ``rss10``: ``cold`` on the corpus repeated 10 times (build + 200 batches): peak RSS must not
-  grow with the corpus; its tokens/s (10x corpus tokens / wall) amortises the fixed start cost
-  (tokenizer graph tracing, first tf.data batches). Importing TensorFlow is excluded everywhere.
+  Then later epochs (instance table cached): tokens/s of real tokens in the batches.
+* ``rss10``: the cold pipeline on the corpus repeated 10 times (build + 200 batches): peak RSS
+  must not grow with the corpus; its tokens/s (10x corpus tokens / wall) amortises the fixed
+  start cost (tokenizer graph tracing, first tf.data batches). Importing TensorFlow is excluded
+  everywhere.
 """
 
 import argparse
@@ -138,17 +142,45 @@ def _child(mode, args, corpus):
         __file__,
         f"--child={mode}",
         f"--corpus={corpus}",
-        f"--reps={args.reps}",
+        f"--reps={args.child_reps}",
         f"--batch_size={args.batch_size}",
     ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
+# (row label, child mode, tokens/s from (that child's result, corpus tokens)).
+ROWS = (
+    ("HF `tokenizers` encode_batch", "hf", lambda r, n: r["tokens"] / r["seconds"]),
+    ("`bertjax.tokenization` alone in tf.data", "tok", lambda r, n: r["tokens"] / r["seconds"]),
+    (
+        "tf-text `FastBertTokenizer` alone in tf.data",
+        "fastbert",
+        lambda r, n: r["tokens"] / r["seconds"],
+    ),
+    (
+        "**bertjax pipeline, cold, 10x corpus** (build + 200 batches)",
+        "rss10",
+        lambda r, n: 10 * n / r["cold_seconds"],
+    ),
+    (
+        "bertjax pipeline, cold, 1x corpus (one epoch)",
+        "pipeline",
+        lambda r, n: n / r["cold_seconds"],
+    ),
+    (
+        "bertjax pipeline, warm epochs (cached table)",
+        "pipeline",
+        lambda r, n: r["warm_tokens"] / r["warm_seconds"],
+    ),
+)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--corpus", default=None)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved rounds of every mode")
+    parser.add_argument("--child_reps", type=int, default=1, help="timed passes in one child")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
@@ -167,55 +199,45 @@ def main():
     from bertjax import data
 
     corpus = args.corpus or data.TRAIN_CORPUS
-    hf = _child("hf", args, corpus)
-    tok = _child("tok", args, corpus)
-    fast = _child("fastbert", args, corpus)
-    pipe = _child("pipeline", args, corpus)
+    modes = ("hf", "rss10", "tok", "hf", "pipeline", "fastbert")
+    rounds, loads = [], [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         big = os.path.join(tmp, "corpus10x.txt")
         text = "\n".join(_lines_with_blanks(corpus))
         with open(big, "w") as f:
             for _ in range(10):
                 f.write(text + "\n\n")
-        pipe10 = _child("rss10", args, big)
-    tokens = hf["tokens"]
-    rows = [
-        ("HF tokenizers encode_batch (median)", tokens / hf["seconds"], hf["peak_rss_mb"]),
-        (
-            "bertjax tokenization.py alone in tf.data",
-            tok["tokens"] / tok["seconds"],
-            tok["peak_rss_mb"],
-        ),
-        (
-            "tf-text FastBertTokenizer alone in tf.data",
-            fast["tokens"] / fast["seconds"],
-            fast["peak_rss_mb"],
-        ),
-        (
-            "bertjax pipeline, cold (first epoch)",
-            tokens / pipe["cold_seconds"],
-            pipe["peak_rss_mb"],
-        ),
-        (
-            "bertjax pipeline, warm epochs (median)",
-            pipe["warm_tokens"] / pipe["warm_seconds"],
-            pipe["peak_rss_mb"],
-        ),
-        (
-            "bertjax pipeline, cold, 10x corpus (build + 200 batches)",
-            10 * tokens / pipe10["cold_seconds"],
-            pipe10["peak_rss_mb"],
-        ),
-    ]
+        for _ in range(args.reps):  # HF runs twice a round, next to the runs it is compared with
+            results = [(m, _child(m, args, big if m == "rss10" else corpus)) for m in modes]
+            rounds.append(results)
+            loads.append(os.getloadavg()[0])
+    _report(corpus, rounds, loads)
+
+
+def _report(corpus, rounds, loads):
+    tokens = rounds[0][0][1]["tokens"]
     print(
-        f"corpus {corpus}: {tokens} tokens; instance rows {pipe['rows']}; "
-        f"load average {os.getloadavg()[0]:.1f}"
+        f"corpus {corpus}: {tokens} tokens; {len(rounds)} interleaved rounds; "
+        f"load average (1 min) {' '.join(f'{x:.1f}' for x in loads)}"
     )
-    print("| run | tokens/s | vs HF | peak RSS MB |\n| --- | --- | --- | --- |")
-    for name, rate, rss in rows:
-        speed = f"{rate / 1e6:.3f}M | {rate * hf['seconds'] / tokens:.2f}x" if rate else "- | -"
-        print(f"| {name} | {speed} | {rss:.0f} |")
-    print(json.dumps(dict(hf=hf, tok=tok, fastbert=fast, pipeline=pipe, pipeline_10x=pipe10)))
+    print("| run | tokens/s (median) | x HF (median, min-max) | peak RSS MB |")
+    print("| --- | --- | --- | --- |")
+    for label, mode, rate_fn in ROWS:
+        rates, ratios, rss = [], [], []
+        for results in rounds:
+            hf = statistics.median(r["tokens"] / r["seconds"] for m, r in results if m == "hf")
+            for m, r in results:
+                if m == mode:
+                    rates.append(rate_fn(r, tokens))
+                    ratios.append(rates[-1] / hf)
+                    rss.append(r["peak_rss_mb"])
+                    break
+        print(
+            f"| {label} | {statistics.median(rates) / 1e6:.3f}M | "
+            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{min(rss):.0f}-{max(rss):.0f} |"
+        )
+    print(json.dumps(rounds))
 
 
 def _lines_with_blanks(path):

@@ -25,7 +25,14 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax import sharding as sh
-from bertjax.model import BertConfig, BertEncoder, Dense, activation, layer_norm
+from bertjax.model import (
+    BertConfig,
+    BertEncoder,
+    Dense,
+    activation,
+    add_vocab_bias,
+    layer_norm,
+)
 
 
 class Pooler(nn.Module):
@@ -59,7 +66,7 @@ class MaskedLMHead(nn.Module):
             (cfg.vocab_size,),
             jnp.dtype(cfg.param_dtype),
         )
-        logits = decoder(h).astype(jnp.float32) + bias.astype(jnp.float32)
+        logits = add_vocab_bias(decoder(h).astype(jnp.float32), bias.astype(jnp.float32))
         return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
 
 

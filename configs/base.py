@@ -8,6 +8,9 @@ override only what differs. Library code reads ``config.x`` and never supplies i
 
 import ml_collections
 
+from bertjax import data as bundled_data
+from bertjax import sharding
+
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
@@ -33,12 +36,79 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
 
-    # ---- data (owner: input_pipeline.py) ----
+    # ---- data (owner: input_pipeline.py; batch contract in its docstring) ----
     config.data = ml_collections.ConfigDict()
+    config.data.source = "text"  # text (BERT-format files) | tfds | tfrecord (pre-masked)
+    # Glob(s) of training input: text (one sentence per line, blank line between documents,
+    # .gz ok) or TFRecords. Default: the bundled King James corpus (bertjax/data).
+    config.data.input_files = [bundled_data.TRAIN_CORPUS]
+    config.data.eval_input_files = [bundled_data.EVAL_CORPUS]  # held-out documents / TFRecords
+    config.data.tfds_name = ""  # source='tfds': a prepared TFDS builder, e.g. 'wikipedia/...'
+    config.data.tfds_data_dir = ""  # its local data_dir (nothing is downloaded)
+    config.data.tfds_split = "train"
+    config.data.tfds_eval_split = "validation"
+    config.data.tfds_text_field = "text"  # one document per example, split into sentences
+    config.data.vocab_file = bundled_data.VOCAB  # vocab.txt (wordpiece) or .model (sentencepiece)
+    config.data.tokenizer = "wordpiece"  # wordpiece | sentencepiece
+    config.data.do_lower_case = True
+    config.data.max_seq_length = 128  # L; the paper: 128 for 90% of steps, then 512
+    config.data.max_predictions_per_seq = 20  # P; 20 at L=128, 80 at L=512; = L for 'ltr'
+    config.data.masked_lm_prob = 0.15
+    config.data.short_seq_prob = 0.1  # probability of a shorter target length per document
+    config.data.do_whole_word_mask = False  # mask all pieces of a word together
+    # dynamic: fresh masks every epoch; static: dupe_factor pairings, one fixed mask each.
+    config.data.masking = "dynamic"
+    config.data.dupe_factor = 1  # pairings (and static masks) per document; the original used 10
+    config.data.nsp = True  # False = the No-NSP ablation (single segments, label unused)
+    config.data.objective = "mlm"  # mlm | ltr (left-to-right ablation: needs nsp=False, P = L)
+    config.data.random_doc_pool = 1000  # documents around the current one to draw NotNext B from
+    config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
+    config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 
     # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: train.py) ----
+    # Params-only bertjax checkpoint (e.g. converted from HF/TF) used when the workdir has none.
+    config.init_checkpoint = ""
+
     config.train = ml_collections.ConfigDict()
+    config.train.num_steps = 1_000_000  # the run stops after this many optimizer updates
+    config.train.global_batch_size = 256  # sequences per update, summed over all hosts
+    # Split each update into this many micro-batches whose gradients are summed (same update as
+    # the unaccumulated batch, less activation memory).
+    config.train.grad_accum_steps = 1
+    config.train.nsp_loss_weight = 1.0  # loss = mean MLM + this x mean NSP; 0 = No-NSP ablation
+    config.train.log_every = 100  # steps between console / TensorBoard lines
+    config.train.eval_every = 10_000  # steps between evaluations on held-out data; 0 = never
+    config.train.eval_steps = 100  # max eval batches per evaluation (the eval stream is finite)
+    config.train.eval_batch_size = 256  # global eval batch
+    # On a non-finite loss or gradient: False = stop with an error naming the step; True = skip
+    # the update (params and optimizer state unchanged) and count it.
+    config.train.skip_nonfinite = False
+    # Peak FLOP/s of ONE device for MFU; 0 = look it up from the device kind (see metrics.py).
+    config.train.peak_flops = 0.0
+    # Random batches of the right shapes instead of config.data (benchmarks, smoke tests).
+    config.train.synthetic_data = False
+
     config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "bert_adamw"  # bert_adamw (original, no bias correction) | adamw | lamb
+    config.optimizer.learning_rate = 1e-4  # peak learning rate
+    config.optimizer.warmup_steps = 10_000  # linear warmup from 0
+    config.optimizer.schedule = "linear"  # linear: decay to 0 at decay_steps | constant
+    # Length of the schedule; 0 = train.num_steps. Lets a two-phase recipe share one schedule.
+    config.optimizer.decay_steps = 0
+    config.optimizer.beta1 = 0.9
+    config.optimizer.beta2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.weight_decay = 0.01  # decoupled; never on LayerNorm params or biases
+    config.optimizer.max_grad_norm = 1.0  # global-norm clipping; <= 0 disables
+
     config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 10_000  # async save of the full train state every N steps
+    config.checkpoint.keep = 3  # keep the last K checkpoints
+    config.checkpoint.async_save = True  # write in a background thread while training goes on
+
     config.mesh = ml_collections.ConfigDict()
+    # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; one -1 takes the remaining devices.
+    config.mesh.shape = (-1, 1, 1)
+    # Logical axis -> mesh axes (see bertjax.sharding); the batch is split over data x fsdp.
+    config.mesh.rules = sharding.DEFAULT_RULES
     return config

@@ -287,3 +287,35 @@ def test_config_json_round_trip_and_unknown_fields():
         BertConfig.from_dict({"hidden_layers": 3}, source="my.json")
     with pytest.raises(ValueError, match="sequence length 11 exceeds max_position_embeddings=10"):
         _apply(TINY, _init(TINY), *_inputs(length=11))
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_mask_is_bernoulli_and_unbiased(rate):
+    """Keep fraction within 5 sigma of a Binomial(n, 1 - rate) reference; E[out] = x exactly
+    in expectation (scale uses the quantised keep probability); odd last dims work."""
+    shape, n = (64, 128, 129), 64 * 128 * 129
+    keep, scale = model.dropout_keep_mask(jax.random.key(3), rate, shape)
+    kept = float(np.asarray(keep).mean())
+    sigma = np.sqrt(rate * (1 - rate) / n)
+    assert abs(kept - (1 - rate)) < 5 * sigma + 2**-16
+    threshold = round(rate * 65536)
+    assert scale == pytest.approx(65536 / (65536 - threshold), rel=1e-12)
+    # Neighbouring elements (the two halves of one random word) are uncorrelated.
+    k = np.asarray(keep, np.float64)
+    assert abs(np.corrcoef(k[..., 0:128:2].ravel(), k[..., 1:129:2].ravel())[0, 1]) < 0.01
+    x = jnp.ones((256, 257))
+    y = model.Dropout(rate).apply({}, x, False, rngs={"dropout": jax.random.key(4)})
+    values = np.unique(np.asarray(y))
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(scale, rel=1e-6)
+    assert model.Dropout(rate).apply({}, x, True) is x
+
+
+def test_add_vocab_bias_gradient_matches_plain_add():
+    logits = jax.random.normal(jax.random.key(0), (3, 5, 7))
+    bias = jax.random.normal(jax.random.key(1), (7,))
+    weights = jax.random.normal(jax.random.key(2), (3, 5, 7))
+    loss = lambda add: lambda lg, b: jnp.sum(jnp.tanh(add(lg, b)) * weights)
+    want = jax.grad(loss(jnp.add), argnums=(0, 1))(logits, bias)
+    got = jax.grad(loss(model.add_vocab_bias), argnums=(0, 1))(logits, bias)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,140 @@
+"""bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
+
+# venv: bertjax
+# variants: jit
+
+Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
+While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
+build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
+jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
+  * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
+    seq, batch, vocab_size, n_masked, dropout, AdamW settings),
+  * inputs from common.make_batch(w) (same synthetic ids/positions/labels as the peers),
+  * MLM loss on the n_masked gathered positions + NSP loss, fp32, one jitted step,
+  * step() must block until the step is done (e.g. float(loss)) and return the loss,
+  * report with common.emit_step("bertjax-<variant>", ...).
+"""
+
+import argparse
+import sys
+
+import common
+
+
+def build_step(w, variant):
+    """Return a zero-arg callable doing one full train step and returning a float loss."""
+    import jax
+    import ml_collections
+    import numpy as np
+
+    from bertjax import optimizer, train
+    from bertjax import sharding as sh
+    from bertjax.heads import BertForPreTraining
+    from bertjax.model import BertConfig
+
+    bert_config = BertConfig(
+        vocab_size=w["vocab_size"],
+        hidden_size=w["hidden"],
+        num_layers=w["layers"],
+        num_heads=w["heads"],
+        intermediate_size=w["ffn"],
+        max_position_embeddings=w["max_position_embeddings"],
+        type_vocab_size=w["type_vocab_size"],
+        hidden_dropout_rate=w["hidden_dropout_prob"],
+        attention_dropout_rate=w["attention_probs_dropout_prob"],
+        hidden_act="gelu",  # the peers run HF's default (exact) GELU
+    )
+    # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
+    opt_config = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=w["lr"],
+            warmup_steps=0,
+            schedule="constant",
+            beta1=w["adam_b1"],
+            beta2=w["adam_b2"],
+            eps=w["adam_eps"],
+            weight_decay=w["weight_decay"],
+            max_grad_norm=0.0,
+        )
+    )
+    model = BertForPreTraining(bert_config)
+    tx = optimizer.create_optimizer(opt_config, 1)
+    schedule = optimizer.learning_rate_schedule(opt_config, 1)
+    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
+    seq, masked = w["seq"], w["n_masked"]
+    _, shardings = train.state_shardings(model, tx, mesh, sh.DEFAULT_RULES, seq, masked)
+    state = train.init_train_state(model, tx, shardings, jax.random.key(w["seed"]), seq, masked)
+    peer = common.make_batch(w)
+    host_batch = {
+        "input_ids": peer["input_ids"],
+        "segment_ids": peer["token_type_ids"],
+        "input_mask": peer["attention_mask"],
+        "masked_lm_positions": peer["masked_lm_positions"],
+        "masked_lm_ids": peer["masked_lm_ids"],
+        "masked_lm_weights": np.ones(peer["masked_lm_ids"].shape, np.float32),
+        "next_sentence_labels": peer["next_sentence_labels"],
+    }
+    step_fn = train.jit_train_step(
+        model,
+        tx,
+        schedule,
+        train.StepConfig(),
+        mesh,
+        sh.DEFAULT_RULES,
+        shardings,
+        train.abstract_batch(w["batch"], seq, masked),
+    )
+    batch = train.make_global_batch(host_batch, mesh)
+    rng = jax.random.key_data(jax.random.key(1))
+    holder = {"state": state}
+
+    def step():
+        holder["state"], metrics = step_fn(holder["state"], batch, rng)
+        return float(metrics["loss_sum"])
+
+    return step
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--variant", default="jit")
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--steps", type=int)
+    args = ap.parse_args()
+    w = common.load_workload(args.workload)
+    impl = f"bertjax-{args.variant}"
+    try:
+        step = build_step(w, args.variant)
+    except (ImportError, NotImplementedError) as e:
+        common.emit_skip("step", impl, f"{type(e).__name__}: {e}", w["name"])
+        return 3
+    warmup = args.warmup if args.warmup is not None else w["warmup_steps"]
+    n = args.steps if args.steps is not None else w["measure_steps"]
+    first, warm, meas, losses = common.time_steps(step, warmup, n)
+    import jax
+
+    import bertjax
+
+    versions = {
+        "jax": jax.__version__,
+        "bertjax": getattr(bertjax, "__version__", "?"),
+        "backend": jax.default_backend(),
+    }
+    common.emit_step(
+        impl,
+        w,
+        first,
+        warm,
+        meas,
+        losses,
+        versions,
+        notes="first step includes jit compile",
+        extra={"compile_s": first},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Sharded train step: mesh equivalence, gradient accumulation, AOT compile of LARGE, NaN policy."""
+
+import functools
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import optimizer, train
+from bertjax import sharding as sh
+from bertjax.heads import BertForPreTraining
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "configs"))
+import base as base_config  # noqa: E402
+
+LENGTH, PREDICTIONS, BATCH = 16, 4, 16
+
+
+def tiny_config(**train_overrides):
+    config = base_config.get_config()
+    config.model.update(
+        dict(
+            vocab_size=128,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=32,
+        )
+    )
+    config.data.max_seq_length = LENGTH
+    config.data.max_predictions_per_seq = PREDICTIONS
+    config.train.update(
+        dict(
+            num_steps=3,
+            global_batch_size=BATCH,
+            synthetic_data=True,
+            log_every=1,
+            eval_every=0,
+            **train_overrides,
+        )
+    )
+    # No dropout: micro-batches of gradient accumulation would draw other masks than the whole
+    # batch, and every test here compares against the same single-device reference.
+    config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.0
+    config.optimizer.update(dict(learning_rate=1e-2, warmup_steps=1))
+    return config
+
+
+def tiny_batches():
+    """Synthetic batches; every third row has only 2 of 4 masked positions, so the global MLM
+    denominator matters for gradient accumulation."""
+    for batch in train.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS, 0, 0):
+        batch["masked_lm_weights"][::3, 2:] = 0.0
+        yield batch
+
+
+def run_steps(config, devices, mesh_shape, num_steps=3):
+    """Trains ``num_steps`` on ``devices`` -> (losses, numpy params, state, step_fn, mesh)."""
+    bert_config = train.bert_config_from(config)
+    mesh = sh.create_mesh(mesh_shape, devices)
+    model = BertForPreTraining(bert_config)
+    tx = optimizer.create_optimizer(config.optimizer, num_steps)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, num_steps)
+    abstract, shardings = train.state_shardings(
+        model, tx, mesh, config.mesh.rules, LENGTH, PREDICTIONS
+    )
+    state = train.init_train_state(model, tx, shardings, jax.random.key(0), LENGTH, PREDICTIONS)
+    step_fn = train.jit_train_step(
+        model,
+        tx,
+        schedule,
+        train.step_config_from(config),
+        mesh,
+        config.mesh.rules,
+        shardings,
+        train.abstract_batch(BATCH, LENGTH, PREDICTIONS),
+    )
+    batches = tiny_batches()
+    losses = []
+    for _ in range(num_steps):
+        state, metrics = step_fn(state, train.make_global_batch(next(batches), mesh), RNG)
+        losses.append(float(metrics["loss_sum"]))
+    return (
+        np.array(losses),
+        jax.tree.map(np.asarray, jax.device_get(state.params)),
+        state,
+        step_fn,
+        mesh,
+    )
+
+
+RNG = np.asarray(jax.random.key_data(jax.random.key(1)))
+
+
+@functools.cache
+def single_device_reference():
+    losses, params, *_ = run_steps(tiny_config(), jax.devices()[:1], (1, 1, 1))
+    return losses, params
+
+
+def assert_same_training(losses, params):
+    ref_losses, ref_params = single_device_reference()
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params
+    )
+    assert ref_losses[-1] < ref_losses[0]  # it trains
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
+def test_meshes_match_single_device(mesh_shape):
+    losses, params, state, step_fn, mesh = run_steps(tiny_config(), jax.devices(), mesh_shape)
+    assert_same_training(losses, params)
+    if mesh_shape == (2, 2, 2):  # weights really are split over fsdp/tensor, not replicated
+        kernel = state.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
+        assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)
+    if mesh_shape == (8, 1, 1):
+        # A NaN poisons loss and gradients: the step must leave params and optimizer untouched.
+        batch = next(tiny_batches())
+        batch["masked_lm_weights"][0, 0] = np.nan
+        before = jax.device_get((state.params, state.opt_state))
+        state, metrics = step_fn(state, train.make_global_batch(batch, mesh), RNG)
+        assert float(metrics["nonfinite"]) == 1.0 and not np.isfinite(float(metrics["loss_sum"]))
+        assert int(state.nonfinite_skips) == 1 and int(state.step) == 4
+        jax.tree.map(
+            np.testing.assert_array_equal, jax.device_get((state.params, state.opt_state)), before
+        )
+
+
+def test_grad_accumulation_matches_unaccumulated_batch():
+    losses, params, *_ = run_steps(tiny_config(grad_accum_steps=2), jax.devices(), (4, 2, 1))
+    assert_same_training(losses, params)
+
+
+def test_large_config_train_step_compiles_on_a_fake_mesh():
+    """AOT: shapes only, no params allocated; scan + remat + bf16 on an FSDP x tensor mesh."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "configs"))
+    import large  # noqa: PLC0415
+
+    config = large.get_config()
+    bert_config = train.bert_config_from(config).replace(
+        scan_layers=True, remat_policy="dots", dtype="bfloat16"
+    )
+    mesh = sh.create_mesh((2, 2, 2))
+    model = BertForPreTraining(bert_config)
+    tx = optimizer.create_optimizer(config.optimizer, config.train.num_steps)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, config.train.num_steps)
+    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
+    abstract, shardings = train.state_shardings(
+        model, tx, mesh, config.mesh.rules, length, predictions
+    )
+    batch = train.abstract_batch(config.train.global_batch_size, length, predictions)
+    step_fn = train.jit_train_step(
+        model,
+        tx,
+        schedule,
+        train.step_config_from(config),
+        mesh,
+        config.mesh.rules,
+        shardings,
+        batch,
+    )
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    compiled = step_fn.lower(abstract, batch, rng).compile()
+    assert compiled is not None
+    params = abstract.params["encoder"]["layers"]["layer"]["intermediate"]["kernel"]
+    assert params.shape == (24, 1024, 4096)  # BERT-LARGE, stacked for scan
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("train.global_batch_size", 12, "not divisible by 8 data shards"),
+        ("data.max_seq_length", 64, "exceeds config.model.max_position_embeddings=32"),
+        ("train.grad_accum_steps", 3, "not divisible by config.train.grad_accum_steps=3"),
+    ],
+)
+def test_config_errors_before_compiling(field, value, message):
+    config = tiny_config()
+    section, key = field.split(".")
+    config[section][key] = value
+    mesh = sh.create_mesh((8, 1, 1))
+    with pytest.raises(ValueError, match=message):
+        train.check_config(config, train.bert_config_from(config), mesh, 1)
+
+
+def test_batch_shape_mismatch_is_reported():
+    config = tiny_config()
+    batch = next(train.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS + 1, 0, 0))
+    with pytest.raises(ValueError, match="masked_lm_positions has shape"):
+        train.check_batch(batch, config, BATCH)
