@@ -9,8 +9,11 @@ the params' logical axes and ``config.mesh.rules``, and it is materialised by a 
 
 Gradient accumulation splits the global batch into ``grad_accum_steps`` micro-batches and sums
 the gradients of ``sum_loss_i / global_denominator``, so the update equals the unaccumulated one.
-A non-finite loss or gradient never changes the state: the step returns the old state and a
-``nonfinite`` flag; the loop then stops (or counts a skip with ``train.skip_nonfinite``).
+Every step returns a ``nonfinite`` flag (NaN/Inf loss or gradient norm). With
+``train.skip_nonfinite`` the step itself keeps the old params and optimizer state and counts a
+skip; otherwise (the default, which saves a select over the whole state every step) the loop
+checks the flag before it logs, evaluates or saves anything and stops with an error, so a
+non-finite state is never written.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class StepConfig:
 
     grad_accum_steps: int = 1
     nsp_loss_weight: float = 1.0
+    skip_nonfinite: bool = False  # keep the old state on a non-finite step (else the loop stops)
 
 
 def bert_config_from(config) -> BertConfig:
@@ -71,7 +75,11 @@ def bert_config_from(config) -> BertConfig:
 
 
 def step_config_from(config) -> StepConfig:
-    return StepConfig(int(config.train.grad_accum_steps), float(config.train.nsp_loss_weight))
+    return StepConfig(
+        int(config.train.grad_accum_steps),
+        float(config.train.nsp_loss_weight),
+        bool(config.train.skip_nonfinite),
+    )
 
 
 def schedule_steps(config) -> int:
@@ -197,11 +205,13 @@ def train_step(
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    if step_config.skip_nonfinite:
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
     new_state = TrainState(
         step=state.step + 1,  # a skipped update still consumes its batch
-        params=keep(params, state.params),
-        opt_state=keep(opt_state, state.opt_state),
+        params=params,
+        opt_state=opt_state,
         nonfinite_skips=state.nonfinite_skips + (1 - finite.astype(jnp.int32)),
     )
     metrics = dict(
