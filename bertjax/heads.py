@@ -29,6 +29,7 @@ from bertjax.model import (
     BertConfig,
     BertEncoder,
     Dense,
+    Dropout,
     activation,
     add_vocab_bias,
     layer_norm,
@@ -159,7 +160,7 @@ class ClassificationOutput(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        x = nn.Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
         dense = Dense((self.features,), (sh.EMBED, None), self.config, name="dense")
         return dense(x).astype(jnp.float32)
 
