@@ -1,7 +1,7 @@
 """Every fine-tuning configuration key, with its default (the paper's §4 hyper-parameters).
 
-The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py, finetune_swag.py) load
-this file and override only what differs. The architecture comes from the checkpoint.
+The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py, finetune_swag.py) call
+``get_config(**overrides)`` with only what differs. The architecture comes from the checkpoint.
 
     python -m bertjax.finetune --config=configs/finetune_glue.py --config.task=mrpc \
         --config.data_dir=DIR --config.init_checkpoint=CKPT --workdir=OUT
@@ -9,12 +9,18 @@ this file and override only what differs. The architecture comes from the checkp
 
 import ml_collections
 
+from bertjax import sharding
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(**overrides) -> ml_collections.ConfigDict:
+    """The defaults below, then the top-level ``overrides`` (a task config's differences)."""
     config = ml_collections.ConfigDict()
     config.task = ""  # glue: cola sst2 mrpc stsb qqp mnli qnli rte wnli; squad_v1 squad_v2; ...
     config.mode = "train"  # train | predict | sweep
     config.data_dir = ""  # the task's standard files (see each task module's docstring)
+    # files: the standard files in data_dir | tfds: a locally prepared TFDS glue/<task> (GLUE only)
+    config.data_source = "files"
+    config.tfds_data_dir = ""  # data_source='tfds': its data_dir ('' = TFDS's default)
     config.init_checkpoint = ""  # bertjax params-only dir, HuggingFace dir or TF1 checkpoint
     config.do_lower_case = "auto"  # auto (from the checkpoint) | true | false
     config.predict_checkpoint = ""  # predict mode: fine-tuned checkpoint ('' = WORKDIR/checkpoint)
@@ -58,5 +64,17 @@ def get_config() -> ml_collections.ConfigDict:
     config.max_query_length = 64
     config.n_best_size = 20
     config.max_answer_length = 30
-    config.null_score_diff_threshold = 0.0  # v2.0: predict "" when null score - best > this
+    # v2.0: predict "" when null score - best span score > this (dev also writes
+    # predictions_best_thresh.json at evaluate-v2.0.py's best_f1_thresh; see finetune/squad.py)
+    config.null_score_diff_threshold = 0.0
+
+    # The device mesh, as in pretraining (configs/base.py): ('data', 'fsdp', 'tensor') sizes, one
+    # -1 takes the remaining devices; logical axis -> mesh axes rules (bertjax.sharding).
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.shape = (-1, 1, 1)
+    config.mesh.rules = sharding.DEFAULT_RULES
+    unknown = sorted(set(overrides) - set(config.keys()))
+    if unknown:
+        raise KeyError(f"configs/finetune_base.py: unknown keys {unknown}")
+    config.update(overrides)
     return config

@@ -4,15 +4,13 @@
         --config.data_dir=glue/MRPC --config.init_checkpoint=CKPT --workdir=/tmp/mrpc
 """
 
-import importlib.util
 import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import finetune_base  # noqa: E402
 
 
 def get_config():
-    path = pathlib.Path(__file__).with_name("finetune_base.py")
-    spec = importlib.util.spec_from_file_location("finetune_base", path)
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    config = base.get_config()
-    config.task = "mrpc"
-    return config
+    return finetune_base.get_config(task="mrpc")

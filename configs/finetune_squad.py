@@ -7,21 +7,21 @@ run_squad.py's max_seq_length 384, doc_stride 128, max_query_length 64, n_best 2
         --config.init_checkpoint=CKPT --workdir=/tmp/squad2
 """
 
-import importlib.util
 import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import finetune_base  # noqa: E402
 
 
 def get_config(version: str = "v1"):
-    path = pathlib.Path(__file__).with_name("finetune_base.py")
-    spec = importlib.util.spec_from_file_location("finetune_base", path)
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    config = base.get_config()
     if version not in ("v1", "v2"):
         raise ValueError(f"configs/finetune_squad.py:{version}: expected :v1 or :v2")
-    config.task = f"squad_{version}"
-    config.max_seq_length = 384
-    config.learning_rate = 5e-5
-    config.batch_size = 32 if version == "v1" else 48
-    config.num_train_epochs = 3.0 if version == "v1" else 2.0
-    return config
+    return finetune_base.get_config(
+        task=f"squad_{version}",
+        max_seq_length=384,
+        learning_rate=5e-5,
+        batch_size=32 if version == "v1" else 48,
+        num_train_epochs=3.0 if version == "v1" else 2.0,
+    )

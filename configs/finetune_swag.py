@@ -4,18 +4,15 @@
         --config.init_checkpoint=CKPT --workdir=/tmp/swag
 """
 
-import importlib.util
 import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import finetune_base  # noqa: E402
 
 
 def get_config():
-    path = pathlib.Path(__file__).with_name("finetune_base.py")
-    spec = importlib.util.spec_from_file_location("finetune_base", path)
-    base = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(base)
-    config = base.get_config()
-    config.task = "swag"
-    config.learning_rate = 2e-5
-    config.batch_size = 16
-    config.eval_batch_size = 16
-    return config
+    return finetune_base.get_config(
+        task="swag", learning_rate=2e-5, batch_size=16, eval_batch_size=16
+    )

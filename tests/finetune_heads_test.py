@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert, heads
-from bertjax.finetune import train
+from bertjax.finetune import step, train
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -43,7 +43,7 @@ def batch(minilm):
 def _ours(model, converted, batch, choices=False):
     inputs = {k: (np.stack([v, v[::-1]], axis=1) if choices else v) for k, v in batch.items()}
     params = train.init_params(model, converted.params, inputs, jax.random.key(1))
-    logits = jax.jit(model.apply)({"params": params}, *(inputs[k] for k in train.MODEL_INPUTS))
+    logits = jax.jit(model.apply)({"params": params}, *(inputs[k] for k in step.MODEL_INPUTS))
     return params, np.asarray(logits), inputs
 
 

@@ -157,3 +157,43 @@ def test_v2_unanswerable_and_output_files(testdata, tokenizer, tmp_path):
     assert null_odds["q_impossible"] > 0 > null_odds["q_boundary"]
     result, _ = task.evaluate(examples, features, logits)
     assert result["exact"] == 100.0 and result["HasAns_total"] == 1 and result["NoAns_total"] == 1
+
+
+def test_v2_best_threshold_redecode(testdata, tokenizer, tmp_path):
+    """The original README's recipe: evaluate-v2.0.py's best_f1_thresh on the null odds, then
+    predictions decoded again with --null_score_diff_threshold at that value."""
+    task = squad.SquadTask("squad_v2")
+    examples = task.read(str(testdata / "finetune/squad"), "dev")
+    examples[0].start_position = examples[0].doc_tokens.index("King")
+    examples[0].end_position = examples[0].doc_tokens.index("Francia.")
+    examples[0].answer_text = "King Charles III of West Francia"
+    features = task.featurize(examples, tokenizer, _config())
+    logits = _oracle_logits(features)  # q_boundary: odds 0 - (10 + 10) = -20
+    # q_impossible: [CLS] scores 1 + 1 in every window, one passage piece scores 2 + 2 -> its
+    # odds are 2 - 4 = -2 <= 0, so at the default threshold 0 it wrongly gets a text answer.
+    impossible = [f for f, m in enumerate(features.meta) if m["example_index"] == 1]
+    logits[impossible] = 0.0
+    logits[impossible, 0, :] = 1.0
+    meta = features.meta[impossible[0]]
+    words = tokenizer.convert_ids_to_tokens(meta["token_ids"])
+    piece = next(
+        p
+        for p in sorted(meta["token_to_orig_map"])
+        # a word that the official normalisation keeps (not "," or "the")
+        if meta["token_is_max_context"][p] and words[p].isalpha() and len(words[p]) > 3
+    )
+    logits[impossible[0], piece, :] = 2.0
+    result, predictions = task.evaluate(examples, features, logits)
+    assert predictions["q_impossible"] != ""
+    # By hand (find_best_thresh): start at 1 no-answer; q_boundary (-20) +1 -> 2, best at -20;
+    # q_impossible (-2) has a text -> 1. Best 2/2 at threshold -20; raw score 1/2.
+    assert result["f1"] == pytest.approx(50.0)
+    assert (result["best_f1"], result["best_f1_thresh"]) == (pytest.approx(100.0), -20.0)
+    assert result["best_f1_thresh_f1"] == pytest.approx(100.0)
+    assert result["best_f1_thresh_exact"] == pytest.approx(100.0)
+    task.write_predictions(str(tmp_path), "dev", examples, features, logits)
+    best = json.loads((tmp_path / "predictions_best_thresh.json").read_text())
+    assert best == {"q_boundary": "King Charles III of West Francia", "q_impossible": ""}
+    # ... which is what decoding again with the threshold in the config gives.
+    task.config = _config(null_score_diff_threshold=result["best_f1_thresh"])
+    assert task.decode(examples, features, logits)[0] == best

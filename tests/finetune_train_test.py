@@ -153,25 +153,27 @@ def test_sweep_table(testdata, tiny_checkpoint, tmp_path):
     assert (tmp_path / "checkpoint").exists()
 
 
-def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bertjax.finetune",
-            f"--config={ROOT}/configs/finetune_glue.py",
-            "--config.task=sst2",
-            f"--config.data_dir={data}",
-            f"--config.init_checkpoint={tiny_checkpoint}",
-            f"--workdir={tmp_path}/out",
-        ],
+def _cli(config: str, *flags: str) -> subprocess.CompletedProcess:
+    """``python -m bertjax.finetune --config=configs/CONFIG FLAGS...`` (8 fake CPU devices)."""
+    return subprocess.run(
+        [sys.executable, "-m", "bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
+    )
+
+
+def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
+    result = _cli(
+        "finetune_glue.py",
+        "--config.task=sst2",
+        f"--config.data_dir={data}",
+        f"--config.init_checkpoint={tiny_checkpoint}",
+        f"--workdir={tmp_path}/out",
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
@@ -179,45 +181,91 @@ def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
     )
 
 
-def _log_softmax(x):
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+# Small-run flags for the CLI: tiny sequences, no dropout (plumbing, not learning).
+_SMALL = (
+    "--config.max_seq_length=48",
+    "--config.batch_size=8",
+    "--config.eval_batch_size=8",
+    "--config.learning_rate=1e-3",
+    "--config.log_every_steps=1",
+    "--config.model.hidden_dropout_rate=0.0",
+    "--config.model.attention_dropout_rate=0.0",
+)
 
 
-def test_task_losses_vs_numpy():
-    rng = np.random.default_rng(0)
-    weights = np.asarray([1.0, 1.0, 0.0], np.float32)  # the third example is padding
-    logits = rng.normal(size=(3, 4)).astype(np.float32)
-    labels = np.asarray([0, 3, 1], np.int32)
-    total, count = train.task_loss(
-        "classification", logits, dict(example_weights=weights, label_ids=labels)
+def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
+    stats = pytest.importorskip("scipy.stats")
+    data = testdata / "finetune/stsb"
+    result = _cli(
+        "finetune_glue.py",
+        "--config.task=stsb",
+        f"--config.data_dir={data}",
+        f"--config.init_checkpoint={tiny_checkpoint}",
+        f"--workdir={tmp_path}",
+        "--config.num_train_epochs=2",
+        *_SMALL,
     )
-    expected = -(_log_softmax(logits)[np.arange(3), labels] * weights).sum()
-    assert np.allclose([total, count], [expected, 2.0], rtol=1e-5)
-    scores = rng.normal(size=(3, 1)).astype(np.float32)
-    targets = np.asarray([0.5, 4.0, 2.0], np.float32)
-    total, _ = train.task_loss(
-        "regression", scores, dict(example_weights=weights, label_ids=targets)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
+    assert dev["num_examples"] == 8
+    # Reference: scipy on the written dev predictions against the gold scores of dev.tsv.
+    rows = [line.split("\t") for line in (tmp_path / "predictions/dev_predictions.tsv").open()]
+    assert rows[0] == ["index", "prediction", "label\n"]
+    predicted = [float(r[1]) for r in rows[1:]]
+    gold = [float(line.split("\t")[-1]) for line in (data / "dev.tsv").open().readlines()[1:]]
+    assert [float(r[2]) for r in rows[1:]] == gold
+    # (abs 1e-4: a tiny model's scores differ only in the 5th digit, so the correlation is
+    # ill-conditioned; the metric definitions are checked at 1e-12 in finetune_metrics_test.py)
+    assert dev["pearson"] == pytest.approx(100 * stats.pearsonr(predicted, gold)[0], abs=1e-4)
+    assert dev["spearman"] == pytest.approx(100 * stats.spearmanr(predicted, gold)[0], abs=1e-4)
+    # The GLUE submission file: STS-B.tsv, index<TAB>score for every test.tsv row.
+    submission = (tmp_path / "predictions/STS-B.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction"
+    assert [line.split("\t")[0] for line in submission[1:]] == ["0", "1", "2", "3"]
+    assert all(np.isfinite(float(line.split("\t")[1])) for line in submission[1:])
+
+
+def test_cli_squad_v2_end_to_end(testdata, tiny_checkpoint, tmp_path):
+    from finetune_metrics_test import official_v2
+
+    data = testdata / "finetune/squad"
+    result = _cli(
+        "finetune_squad.py:v2",
+        f"--config.data_dir={data}",
+        f"--config.init_checkpoint={tiny_checkpoint}",
+        f"--workdir={tmp_path}",
+        "--config.do_lower_case=true",
+        "--config.doc_stride=16",
+        "--config.num_train_epochs=1",
+        *_SMALL,
     )
-    assert np.isclose(total, (((scores[:, 0] - targets) ** 2) * weights).sum(), rtol=1e-5)
-    span = rng.normal(size=(3, 6, 2)).astype(np.float32)
-    starts, ends = np.asarray([1, 2, 0], np.int32), np.asarray([3, 2, 0], np.int32)
-    total, _ = train.task_loss(
-        "span", span, dict(example_weights=weights, start_positions=starts, end_positions=ends)
-    )
-    start_nll = -_log_softmax(span[..., 0])[np.arange(3), starts]
-    end_nll = -_log_softmax(span[..., 1])[np.arange(3), ends]
-    assert np.isclose(total, ((start_nll + end_nll) / 2 * weights).sum(), rtol=1e-5)
-    tags = rng.normal(size=(3, 5, 4)).astype(np.float32)
-    tag_labels = rng.integers(0, 4, size=(3, 5)).astype(np.int32)
-    first_piece = (rng.random((3, 5)) > 0.5).astype(np.float32)
-    total, count = train.task_loss(
-        "tagging",
-        tags,
-        dict(example_weights=weights, label_ids=tag_labels, label_weights=first_piece),
-    )
-    nll = -np.take_along_axis(_log_softmax(tags), tag_labels[..., None], -1)[..., 0]
-    token_weights = first_piece * weights[:, None]
-    assert np.allclose(
-        [total, count], [(nll * token_weights).sum(), token_weights.sum()], rtol=1e-5
-    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "predictions"
+    assert sorted(os.listdir(out)) == [
+        "nbest_predictions.json",
+        "null_odds.json",
+        "predictions.json",
+        "predictions_best_thresh.json",
+    ]
+    dataset = json.loads((data / "dev-v2.0.json").read_text())["data"]
+    predictions = json.loads((out / "predictions.json").read_text())
+    null_odds = json.loads((out / "null_odds.json").read_text())
+    qids = [qa["id"] for a in dataset for p in a["paragraphs"] for qa in p["qas"]]
+    assert sorted(predictions) == sorted(null_odds) == sorted(qids)
+    assert all(isinstance(v, float) for v in null_odds.values())
+    # evaluate-v2.0.py dev-v2.0.json predictions.json --na-prob-file null_odds.json
+    official = official_v2(dataset, predictions, null_odds)
+    reported = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
+    for key, value in official.items():
+        assert reported[key] == pytest.approx(value), key
+    # The README's second pass: answers at best_f1_thresh, taken from the n-best list.
+    threshold = official["best_f1_thresh"]
+    nbest = json.loads((out / "nbest_predictions.json").read_text())
+    again = {
+        q: "" if null_odds[q] > threshold else next(e["text"] for e in nbest[q] if e["text"])
+        for q in qids
+    }
+    assert json.loads((out / "predictions_best_thresh.json").read_text()) == again
+    at_best = official_v2(dataset, again, {q: 0.0 for q in qids})
+    assert reported["best_f1_thresh_f1"] == pytest.approx(at_best["f1"])
+    assert reported["best_f1_thresh_exact"] == pytest.approx(at_best["exact"])

@@ -6,7 +6,8 @@
 them; every row must have as many columns as the header (CoLA's train/dev files have no header
 and 4 columns). QQP rows with missing columns are skipped and counted, as the reference scripts
 do. Test predictions are written in the GLUE submission format (``index<TAB>prediction``, file
-names ``CoLA.tsv``, ``MNLI-m.tsv``, ...).
+names ``CoLA.tsv``, ``MNLI-m.tsv``, ...). With ``config.data_source='tfds'`` the same examples
+come from a locally prepared TFDS ``glue/<task>`` dataset instead (``glue_tfds``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import os
 
 import numpy as np
 
+from bertjax.finetune import glue_tfds
 from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
     Features,
     FinetuneInputError,
+    Task,
     count,
     label_index,
     pack,
@@ -86,8 +89,9 @@ class Example:
     where: str  # "file:line", for error messages
 
 
-class GlueTask:
-    """One GLUE task (see ``tasks`` for the protocol)."""
+class GlueTask(Task):
+    """One GLUE task (see ``tasks`` for the protocol), from the TSV files or, after
+    ``use_tfds``, from a prepared TFDS ``glue/<task>`` dataset (``glue_tfds``)."""
 
     train_split = "train"
 
@@ -101,11 +105,26 @@ class GlueTask:
         self.test_splits = self.spec.test
         self.primary_metric = self.spec.metrics[0]
         self.skipped: dict[str, int] = {}
+        self.tfds_data_dir: str | None = None
+
+    def use_tfds(self, tfds_data_dir: str) -> None:
+        self.tfds_data_dir = tfds_data_dir
 
     def split_path(self, data_dir: str, split: str) -> str:
+        if self.tfds_data_dir is not None:
+            return glue_tfds.describe(self.name, split, self.tfds_data_dir)
         return os.path.join(data_dir, f"{split}.tsv")
 
+    def has_split(self, data_dir: str, split: str) -> bool:
+        if self.tfds_data_dir is not None:
+            return glue_tfds.has_split(self.name, split, self.tfds_data_dir)
+        return super().has_split(data_dir, split)
+
     def read(self, data_dir: str, split: str) -> list[Example]:
+        if self.tfds_data_dir is not None:
+            where = glue_tfds.describe(self.name, split, self.tfds_data_dir)
+            rows = glue_tfds.read(self.name, split, self.tfds_data_dir, self.spec.labels or ())
+            return [Example(g, a, b, label, f"{where} {g}") for g, a, b, label in rows]
         path = self.split_path(data_dir, split)
         is_test = split.startswith("test")
         header, rows = read_tsv(path, has_header=is_test or self.spec.train_header)
@@ -193,8 +212,10 @@ class GlueTask:
         out["num_examples"] = len(examples)
         return out, predicted
 
-    def _label_text(self, value) -> str:
-        return f"{float(value):.3f}" if self.spec.labels is None else self.spec.labels[int(value)]
+    def _label_text(self, value, exact: bool = False) -> str:
+        if self.spec.labels is None:
+            return repr(float(value)) if exact else f"{float(value):.3f}"
+        return self.spec.labels[int(value)]
 
     def write_predictions(self, out_dir, split, examples, features, logits, with_labels=True):
         """Dev: ``{split}_predictions.tsv`` with gold labels; test: the GLUE submission file."""
@@ -206,8 +227,10 @@ class GlueTask:
             ]
         else:
             name = f"{split}_predictions.tsv"
+            # Dev scores in full, so the correlations can be recomputed from the file.
             lines = ["index\tprediction\tlabel"] + [
-                f"{e.guid}\t{self._label_text(p)}\t{e.label if e.label is not None else ''}"
+                f"{e.guid}\t{self._label_text(p, exact=True)}\t"
+                + (str(e.label) if e.label is not None else "")
                 for e, p in zip(examples, predicted, strict=True)
             ]
         path = os.path.join(out_dir, name)

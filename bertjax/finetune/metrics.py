@@ -169,10 +169,10 @@ def squad_evaluate(
     has_answer = {qid: bool(answers) for qid, answers in gold.items()}
     for name, keep in (("HasAns", True), ("NoAns", False)):
         qids = [q for q in gold if has_answer[q] == keep]
-        if qids:
+        if qids:  # the script merges HasAns_* / NoAns_* only when such questions exist
             out[f"{name}_exact"] = 100.0 * sum(exact[q] for q in qids) / len(qids)
             out[f"{name}_f1"] = 100.0 * sum(f1[q] for q in qids) / len(qids)
-        out[f"{name}_total"] = len(qids)
+            out[f"{name}_total"] = len(qids)
     for name, raw in (("exact", exact_raw), ("f1", f1_raw)):
         best, threshold = best_null_threshold(gold, predictions, raw, null_odds)
         out[f"best_{name}"], out[f"best_{name}_thresh"] = best, threshold

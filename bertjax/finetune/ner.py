@@ -23,6 +23,7 @@ from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
     Features,
     FinetuneInputError,
+    Task,
     count,
     label_index,
     pack,
@@ -46,7 +47,7 @@ class Sentence:
     where: str  # "file:line" of the first word
 
 
-class NerTask:
+class NerTask(Task):
     head = "tagging"
     train_split, dev_splits, test_splits = "train", ("dev",), ("test",)
     primary_metric = "f1"

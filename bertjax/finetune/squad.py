@@ -12,7 +12,13 @@ null_score_diff_threshold``.
 
 Outputs: ``predictions.json`` {id: text}, ``nbest_predictions.json`` and for v2.0
 ``null_odds.json`` {id: null score - best span score}, exactly what ``evaluate-v1.1.py`` /
-``evaluate-v2.0.py --na-prob-file`` read.
+``evaluate-v2.0.py --na-prob-file`` read. For v2.0 the dev evaluation also runs the official
+best-threshold search over the null odds (``best_f1`` at ``best_f1_thresh``) and, as the
+original README then re-runs prediction with ``--null_score_diff_threshold=best_f1_thresh``,
+writes ``predictions_best_thresh.json`` (dev, and ``test_predictions_best_thresh.json`` for a test
+split predicted after it) decoded at that threshold. ``predictions.json`` always uses
+``config.null_score_diff_threshold``; predict mode has no dev set, so set that key to the
+``best_f1_thresh`` found at training time (``eval_results.json``).
 
 An ``answer_start`` that does not point at the answer text is an error naming the file and
 question id; a training answer that cannot be recovered from the whitespace tokens is skipped
@@ -24,12 +30,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import unicodedata
 
 import numpy as np
 
 from bertjax.finetune import metrics as M
-from bertjax.finetune.tasks import Features, FinetuneInputError, count, stack, write_text_atomically
+from bertjax.finetune import squad_decode
+from bertjax.finetune.tasks import (
+    Features,
+    FinetuneInputError,
+    Task,
+    count,
+    stack,
+    write_text_atomically,
+)
 
 TASKS = {"squad_v1": "v1.1", "squad_v2": "v2.0"}
 VERSIONS = TASKS  # kept for readers of older code
@@ -81,7 +94,7 @@ def _answer_span(qa, context, char_to_word, words, where):
     return first, last, text
 
 
-class SquadTask:
+class SquadTask(Task):
     head = "span"
     num_labels = 2
     train_split, dev_splits, test_splits = "train", ("dev",), ("test",)
@@ -92,6 +105,7 @@ class SquadTask:
         self.is_v2 = self.version == "v2.0"
         self.skipped: dict[str, int] = {}
         self.config = None
+        self.best_threshold: float | None = None  # v2.0: dev best_f1_thresh, set by evaluate
 
     def split_path(self, data_dir: str, split: str) -> str:
         return os.path.join(data_dir, f"{split}-{self.version}.json")
@@ -155,15 +169,26 @@ class SquadTask:
         return Features(stack(rows, keys), meta, dict(self.skipped))
 
     def evaluate(self, examples, features, logits):
-        predictions, null_odds, _ = self.decode(examples, features, logits)
+        """Official EM/F1; v2.0 adds ``best_*`` / ``best_*_thresh`` (evaluate-v2.0.py with the
+        null odds) and ``best_f1_thresh_exact`` / ``best_f1_thresh_f1``: the predictions decoded
+        again at ``best_f1_thresh``, which later ``write_predictions`` calls also write."""
+        predictions, null_odds, nbest = self.decode(examples, features, logits)
         gold = {e.qas_id: e.answers for e in examples}
         result = M.squad_evaluate(gold, predictions, null_odds if self.is_v2 else None)
+        if self.is_v2:
+            self.best_threshold = result["best_f1_thresh"]
+            again = squad_decode.threshold_predictions(nbest, null_odds, self.best_threshold)
+            at_best = M.squad_evaluate(gold, again)
+            result["best_f1_thresh_exact"], result["best_f1_thresh_f1"] = (
+                at_best["exact"],
+                at_best["f1"],
+            )
         return result, predictions
 
     def decode(self, examples, features, logits):
-        from bertjax.finetune.squad_decode import decode
-
-        return decode(examples, features, logits, self.tokenizer, self.config, self.is_v2)
+        return squad_decode.decode(
+            examples, features, logits, self.tokenizer, self.config, self.is_v2
+        )
 
     def write_predictions(self, out_dir, split, examples, features, logits, with_labels=True):
         predictions, null_odds, nbest = self.decode(examples, features, logits)
@@ -172,6 +197,9 @@ class SquadTask:
         outputs = [("predictions.json", predictions), ("nbest_predictions.json", nbest)]
         if self.is_v2:
             outputs.append(("null_odds.json", null_odds))
+        if self.is_v2 and self.best_threshold is not None:
+            again = squad_decode.threshold_predictions(nbest, null_odds, self.best_threshold)
+            outputs.append(("predictions_best_thresh.json", again))
         for name, value in outputs:
             paths.append(os.path.join(out_dir, prefix + name))
             write_text_atomically(paths[-1], json.dumps(value, indent=2) + "\n")
@@ -256,32 +284,3 @@ def _windows(example, tokenizer, config):
             "end_positions": np.int32(end_position),
         }
         yield row, {"token_ids": ids, "token_to_orig_map": to_orig, "token_is_max_context": is_max}
-
-
-def basic_tokens(text: str, do_lower_case: bool) -> list[str]:
-    """BERT's basic tokenization (lower + strip accents, split punctuation) for answer alignment."""
-    out = []
-    for word in text.split():
-        if do_lower_case:
-            word = "".join(
-                c
-                for c in unicodedata.normalize("NFD", word.lower())
-                if unicodedata.category(c) != "Mn"
-            )
-        current = ""
-        for ch in word:
-            if _is_punctuation(ch):
-                out += [current, ch] if current else [ch]
-                current = ""
-            else:
-                current += ch
-        if current:
-            out.append(current)
-    return out
-
-
-def _is_punctuation(ch: str) -> bool:
-    cp = ord(ch)
-    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
-        return True
-    return unicodedata.category(ch).startswith("P")

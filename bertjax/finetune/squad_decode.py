@@ -5,16 +5,16 @@ positions of each window give candidate spans (end >= start, length <= ``max_ans
 both inside the passage, start with maximal context in its window); candidates are ranked by
 start + end logit; the WordPieces are mapped back to the original whitespace words and the text
 is trimmed to the predicted pieces (``final_text``). For v2.0 the null score is the smallest
-[CLS] start + end logit over the windows.
+[CLS] start + end logit over the windows; the null odds are null score - best span score, and
+the prediction is "" when they exceed the threshold (``threshold_predictions``).
 """
 
 from __future__ import annotations
 
 import collections
+import unicodedata
 
 import numpy as np
-
-from bertjax.finetune.squad import basic_tokens
 
 
 def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
@@ -115,7 +115,48 @@ def decode(examples, features, logits, tokenizer, config, is_v2: bool):
             predictions[example.qas_id] = nbest[0][0]
             continue
         best = next(entry for entry in nbest if entry[0])
-        diff = null[0] - best[1] - best[2]
-        null_odds[example.qas_id] = float(diff)
-        predictions[example.qas_id] = "" if diff > config.null_score_diff_threshold else best[0]
+        null_odds[example.qas_id] = float(null[0] - best[1] - best[2])
+    if is_v2:
+        predictions = threshold_predictions(
+            nbest_json, null_odds, float(config.null_score_diff_threshold)
+        )
     return predictions, null_odds, nbest_json
+
+
+def threshold_predictions(nbest_json: dict, null_odds: dict, threshold: float) -> dict[str, str]:
+    """The v2.0 answers at ``threshold``: "" when null odds > threshold, else the best non-null
+    n-best text. The same as decoding again with ``null_score_diff_threshold=threshold`` (what
+    the original README does with the ``best_f1_thresh`` that evaluate-v2.0.py prints)."""
+    return {
+        qid: "" if odds > threshold else next(e["text"] for e in nbest_json[qid] if e["text"])
+        for qid, odds in null_odds.items()
+    }
+
+
+def basic_tokens(text: str, do_lower_case: bool) -> list[str]:
+    """BERT's basic tokenization (lower + strip accents, split punctuation) for answer alignment."""
+    out = []
+    for word in text.split():
+        if do_lower_case:
+            word = "".join(
+                c
+                for c in unicodedata.normalize("NFD", word.lower())
+                if unicodedata.category(c) != "Mn"
+            )
+        current = ""
+        for ch in word:
+            if _is_punctuation(ch):
+                out += [current, ch] if current else [ch]
+                current = ""
+            else:
+                current += ch
+        if current:
+            out.append(current)
+    return out
+
+
+def _is_punctuation(ch: str) -> bool:
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")

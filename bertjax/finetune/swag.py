@@ -19,6 +19,7 @@ from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
     Features,
     FinetuneInputError,
+    Task,
     pack,
     truncate_pair,
     write_text_atomically,
@@ -39,7 +40,7 @@ class SwagExample:
     label: int | None
 
 
-class SwagTask:
+class SwagTask(Task):
     head = "choice"
     num_labels = NUM_CHOICES
     train_split, dev_splits, test_splits = "train", ("dev",), ("test",)

@@ -13,6 +13,7 @@ import os
 import jax
 from absl import logging
 
+from bertjax.finetune import step as step_lib
 from bertjax.finetune import train as T
 
 
@@ -35,7 +36,7 @@ def sweep(config, workdir: str) -> dict:
     test_splits = T._existing(task, config, task.test_splits)
     data = T._Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
     model = T.build_model(task, bert_config)
-    runner = T.Runner(task, model, config)
+    runner = step_lib.Runner(task, model, config)
     train_features = data.features[task.train_split]
     rows, best, best_params = [], -1, None
     for learning_rate in config.sweep.learning_rates:

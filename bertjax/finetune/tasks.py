@@ -6,6 +6,7 @@ A task (``glue.GlueTask``, ``squad.SquadTask``, ``ner.NerTask``, ``swag.SwagTask
     num_labels        classes per example (classification, tagging); 1 for regression
     train_split       the split name fine-tuned on; dev_splits / test_splits: evaluated / predicted
     primary_metric    the dev metric the learning-rate sweep selects by
+    has_split(data_dir, split)            -> whether the split's data is there (its file)
     read(data_dir, split)                 -> list of examples (task-specific dataclasses)
     featurize(examples, tokenizer, cfg)   -> Features
     evaluate(examples, features, logits)  -> (metrics dict, predictions object)
@@ -37,10 +38,21 @@ from collections.abc import Sequence
 import numpy as np
 
 HEADS = ("classification", "regression", "span", "tagging", "choice")
+DATA_SOURCES = ("files", "tfds")  # config.data_source
 
 
 class FinetuneInputError(ValueError):
     """Bad fine-tuning input: a data file, a label or a config value that does not fit."""
+
+
+class Task:
+    """Base of the task classes: a split is there when its standard file is."""
+
+    def split_path(self, data_dir: str, split: str) -> str:
+        raise NotImplementedError
+
+    def has_split(self, data_dir: str, split: str) -> bool:
+        return os.path.exists(self.split_path(data_dir, split))
 
 
 @dataclasses.dataclass
@@ -142,9 +154,24 @@ def get_task(config):
     ):
         module = importlib.import_module(f"bertjax.finetune.{module_name}")
         if name in module.TASKS:
-            return getattr(module, class_name)(name)
+            return _with_source(getattr(module, class_name)(name), config)
         known += list(module.TASKS)
     raise FinetuneInputError(f"config.task={config.task!r}: expected one of {sorted(known)}")
+
+
+def _with_source(task, config):
+    if config.data_source not in DATA_SOURCES:
+        raise FinetuneInputError(
+            f"config.data_source={config.data_source!r}: expected one of {DATA_SOURCES}"
+        )
+    if config.data_source == "tfds":
+        if not hasattr(task, "use_tfds"):
+            raise FinetuneInputError(
+                f"config.data_source='tfds': only the GLUE tasks have TFDS builders; "
+                f"{task.name} reads its standard files from config.data_dir"
+            )
+        task.use_tfds(config.tfds_data_dir)
+    return task
 
 
 def format_skips(skipped: dict[str, int]) -> str:

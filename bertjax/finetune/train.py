@@ -1,4 +1,4 @@
-"""Fine-tuning: model from any checkpoint, a jitted data-parallel step, evaluation, predict, sweep.
+"""Fine-tuning: model from any checkpoint, training on the mesh, evaluation, predict, sweep.
 
 ``run(config, workdir)`` dispatches on ``config.mode``:
 
@@ -16,37 +16,27 @@
   run with the best dev ``task.primary_metric`` is kept as ``workdir/checkpoint`` and the table is
   written to ``workdir/sweep_results.{md,json}``.
 
-Step contract as in ``bertjax.train``: ``train_step(state, batch, rng) -> (state, metrics)`` is
-pure, jitted once with the batch sharded over the ``('data', 'fsdp')`` mesh axes and the params
-replicated (fine-tuning models fit on one device), dropout key ``fold_in(rng, state.step)``,
-metrics returned as sums divided on the host.
+The step, the mesh (``config.mesh``) and the shardings are in ``bertjax.finetune.step``: the same
+contract and logical-axis sharding as pretraining.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
-from typing import Any
 
-import flax
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import optax
 from absl import logging
 from flax import linen as nn
-from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import checkpoint, convert, heads, losses, optimizer
-from bertjax import sharding as sh
+from bertjax import checkpoint, convert, heads
 from bertjax.finetune import tasks
+from bertjax.finetune.step import Runner, model_input_specs
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.model import BertConfig
 
-MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
 _MODEL_OVERRIDES = (
     "hidden_dropout_rate",
     "attention_dropout_rate",
@@ -97,8 +87,7 @@ def init_params(model: nn.Module, pretrained: dict, example: dict, rng) -> dict:
     drawn from the truncated normal(0, initializer_range) seeded by ``rng``, biases are 0 and
     LayerNorm scales 1.
     """
-    dummy = [jax.ShapeDtypeStruct((1, *example[k].shape[1:]), np.int32) for k in MODEL_INPUTS]
-    shapes = nn.unbox(jax.eval_shape(model.init, rng, *dummy))["params"]
+    shapes = nn.unbox(jax.eval_shape(model.init, rng, *model_input_specs(example)))["params"]
     stddev = model.config.initializer_range
     params = {}
     for index, (name, subtree) in enumerate(sorted(shapes.items())):
@@ -128,123 +117,6 @@ def _fresh(leaf_name: str, leaf, key, stddev: float) -> np.ndarray:
     return np.full(leaf.shape, fill, leaf.dtype)
 
 
-def task_loss(head: str, logits: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
-    """(loss sum, weight sum) of one batch; padded examples have ``example_weights`` 0."""
-    weights = batch["example_weights"]
-    if head == "regression":
-        return jnp.sum(weights * (logits[:, 0] - batch["label_ids"]) ** 2), jnp.sum(weights)
-    if head == "span":
-        start = losses.weighted_cross_entropy(logits[..., 0], batch["start_positions"], weights)
-        end = losses.weighted_cross_entropy(logits[..., 1], batch["end_positions"], weights)
-        return (start["loss_sum"] + end["loss_sum"]) / 2, start["weight_sum"]
-    if head == "tagging":
-        token_weights = batch["label_weights"] * weights[:, None]
-        sums = losses.weighted_cross_entropy(logits, batch["label_ids"], token_weights)
-        return sums["loss_sum"], sums["weight_sum"]
-    sums = losses.weighted_cross_entropy(logits, batch["label_ids"], weights)
-    return sums["loss_sum"], sums["weight_sum"]
-
-
-class FinetuneState(flax.struct.PyTreeNode):
-    step: jax.Array  # <int32>[] updates applied
-    params: Any
-    opt_state: Any
-    learning_rate: jax.Array  # <float32>[] peak learning rate (the optimizer is built for 1.0)
-
-
-def train_step(state, batch, rng, *, head: str, apply_fn, tx):
-    """One update on a global batch -> (state, {"loss_sum", "weight_sum"}).
-
-    ``tx`` is built with peak learning rate 1 and its updates are scaled by
-    ``state.learning_rate``: every optimizer here is linear in the learning rate, so this equals
-    building it with the real one, and one compiled step serves a whole learning-rate sweep.
-    """
-    step_rng = jax.random.fold_in(rng, state.step)
-
-    def loss_fn(params):
-        logits = apply_fn(
-            {"params": params},
-            *(batch[k] for k in MODEL_INPUTS),
-            deterministic=False,
-            rngs={"dropout": step_rng},
-        )
-        loss_sum, weight_sum = task_loss(head, logits, batch)
-        return loss_sum / jnp.maximum(weight_sum, 1.0), (loss_sum, weight_sum)
-
-    grads, (loss_sum, weight_sum) = jax.grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.learning_rate.astype(u.dtype), updates)
-    state = state.replace(
-        step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
-    )
-    return state, {"loss_sum": loss_sum, "weight_sum": weight_sum}
-
-
-class Runner:
-    """Jitted steps on a data-parallel mesh for one (task, model) pair."""
-
-    def __init__(self, task, model: nn.Module, config):
-        self.task, self.model, self.config = task, model, config
-        self.mesh = sh.create_mesh((-1, 1, 1))
-        shards = sh.num_batch_shards(self.mesh)
-        for name in ("batch_size", "eval_batch_size"):
-            if config[name] % shards:
-                raise FinetuneInputError(
-                    f"config.{name}={config[name]} is not divisible by {shards} data shards"
-                )
-        self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._steps = {}  # num_train_steps -> (optimizer, schedule, jitted step)
-        self._logits = jax.jit(
-            lambda params, batch: model.apply(
-                {"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True
-            )
-        )
-
-    def to_device(self, batch: dict) -> dict:
-        return {
-            k: jax.device_put(v, sh.batch_sharding(self.mesh, v.ndim)) for k, v in batch.items()
-        }
-
-    def create_state(self, params, num_train_steps: int, learning_rate: float):
-        """-> (replicated state, learning-rate schedule, jitted step) for this run length."""
-        if num_train_steps not in self._steps:
-            opt_config = ml_collections.ConfigDict(self.config.optimizer.to_dict())
-            opt_config.learning_rate = 1.0  # scaled by state.learning_rate in train_step
-            opt_config.warmup_steps = int(num_train_steps * self.config.warmup_proportion)
-            tx = optimizer.create_optimizer(opt_config, num_train_steps)
-            schedule = optimizer.learning_rate_schedule(opt_config, num_train_steps)
-            step = functools.partial(
-                train_step, head=self.task.head, apply_fn=self.model.apply, tx=tx
-            )
-            self._steps[num_train_steps] = (tx, schedule, jax.jit(step, donate_argnums=(0,)))
-        tx, schedule, step = self._steps[num_train_steps]
-        state = FinetuneState(
-            step=np.int32(0),
-            params=params,
-            opt_state=tx.init(params),
-            learning_rate=np.float32(learning_rate),
-        )
-        scaled = lambda i: learning_rate * float(schedule(i))
-        return jax.device_put(state, self.replicated), scaled, step
-
-    def logits(self, params, features: tasks.Features) -> np.ndarray:
-        """Model outputs for every feature, in order: <float32>[N, ...]."""
-        size, n = self.config.eval_batch_size, len(features)
-        outputs = []
-        for start in range(0, n, size):
-            batch = {k: features.arrays[k][start : start + size] for k in MODEL_INPUTS}
-            real = len(batch["input_ids"])
-            batch = {k: _pad_rows(v, size) for k, v in batch.items()}
-            outputs.append(np.asarray(self._logits(params, self.to_device(batch)))[:real])
-        return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)
-
-
-def _pad_rows(x: np.ndarray, size: int) -> np.ndarray:
-    if len(x) == size:
-        return x
-    return np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)])
-
-
 def train_batches(features: tasks.Features, batch_size: int, num_steps: int, seed: int):
     """Shuffled full batches, one fresh permutation per epoch (the last partial batch dropped)."""
     rng = np.random.default_rng(seed)
@@ -266,18 +138,21 @@ def train_batches(features: tasks.Features, batch_size: int, num_steps: int, see
 
 
 def fit(runner: Runner, params, train_features, *, learning_rate: float, seed: int, writer=None):
-    """Fine-tunes ``params`` -> (params, mean train loss of the last 10% of steps).
+    """Fine-tunes ``params`` (host arrays) -> (params as global arrays in the runner's param
+    shardings, mean train loss of the last 10% of logged steps).
 
     Steps = features / batch_size * epochs (for SQuAD a feature is a doc-stride window), warmup
     over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py.
     """
     config = runner.config
     num_steps = int(len(train_features) / config.batch_size * config.num_train_epochs)
-    state, schedule, step_fn = runner.create_state(params, num_steps, learning_rate)
+    state, schedule, step_fn = runner.create_state(
+        params, num_steps, learning_rate, train_features.arrays
+    )
     rng = jax.random.key(seed)
     recent, started = [], time.time()
     for step, batch in enumerate(train_batches(train_features, config.batch_size, num_steps, seed)):
-        state, metrics = step_fn(state, runner.to_device(batch), rng)
+        state, metrics = step_fn(state, batch, rng)
         if (step + 1) % config.log_every_steps == 0 or step + 1 == num_steps:
             metrics = jax.device_get(metrics)
             loss = float(metrics["loss_sum"] / max(metrics["weight_sum"], 1.0))
@@ -289,7 +164,7 @@ def fit(runner: Runner, params, train_features, *, learning_rate: float, seed: i
                 writer.scalar("train/loss", loss, step + 1)
                 writer.scalar("train/learning_rate", float(schedule(step)), step + 1)
     tail = recent[-max(1, len(recent) // 10) :]
-    return jax.device_get(state.params), (float(np.mean(tail)) if tail else float("nan"))
+    return state.params, (float(np.mean(tail)) if tail else float("nan"))
 
 
 # ---- orchestration ------------------------------------------------------------------------------
@@ -332,7 +207,7 @@ def _prepare(config, checkpoint_path: str | None = None):
 
 
 def _existing(task, config, splits) -> list[str]:
-    return [s for s in splits if os.path.exists(task.split_path(config.data_dir, s))]
+    return [s for s in splits if task.has_split(config.data_dir, s)]
 
 
 def evaluate_and_write(runner, task, params, data: _Data, splits, out_dir, with_labels=True):
@@ -417,8 +292,7 @@ def predict(config, workdir: str) -> list[str]:
     data = _Data(task, config, tokenizer, splits)
     model = build_model(task, bert_config)
     example = data.features[splits[0]].arrays
-    dummy = [jax.ShapeDtypeStruct((1, *example[k].shape[1:]), np.int32) for k in MODEL_INPUTS]
-    expected = jax.eval_shape(model.init, jax.random.key(0), *dummy)["params"]
+    expected = jax.eval_shape(model.init, jax.random.key(0), *model_input_specs(example))["params"]
     missing = sorted(set(expected) - set(params))
     if missing:
         raise FinetuneInputError(
