@@ -35,8 +35,8 @@ Two kinds of checkpoint exist, both plain directories (local or ``gs://``):
    writes a step into a temporary directory and renames it when complete, so a run killed during
    a save leaves no directory that ``latest_step`` would take as valid.
 
-   **Restore order** (``bertjax.train.train_and_evaluate``): this workdir's latest complete step
-   (full state, restored straight into the current shardings, any mesh) ->
+   **Restore order** (``bertjax.train_loop.train_and_evaluate``): this workdir's latest complete
+   step (full state, restored straight into the current shardings, any mesh) ->
    ``config.init_checkpoint`` (params only, via :func:`load_params`; fresh optimizer state) ->
    fresh initialisation.
 """

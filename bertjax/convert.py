@@ -37,13 +37,12 @@ import json
 import math
 import os
 import shutil
-import sys
 import uuid
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax import checkpoint
+from bertjax import checkpoint, cli
 from bertjax.model import BertConfig
 
 
@@ -575,9 +574,6 @@ def convert(
     raise ConvertError(f"--to={to!r}: expected 'bertjax' or 'hf'")
 
 
-FLAGS = flags.FLAGS
-
-
 def _define_flags() -> None:
     """Only when run as a CLI, so importing this module (extract_features does) adds no flags."""
     flags.DEFINE_string("src", None, "Source checkpoint directory (or TF1 checkpoint prefix).")
@@ -596,29 +592,13 @@ def _define_flags() -> None:
         "without tokenizer_config.json).",
     )
     flags.DEFINE_boolean("overwrite", False, "Replace --dst if it exists.")
+    flags.mark_flags_as_required(["src", "dst", "to"])
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    for name in ("src", "dst", "to"):
-        if FLAGS[name].value is None:
-            raise app.UsageError(f"--{name} is required")
-    try:
-        out = convert(
-            FLAGS.src,
-            FLAGS.dst,
-            FLAGS.to,
-            FLAGS["from"].value,
-            FLAGS.do_lower_case,
-            FLAGS.overwrite,
-        )
-    except ConvertError as e:
-        print(f"convert: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    print(f"wrote {FLAGS.to} checkpoint to {out}")
+def _run(fv: flags.FlagValues) -> None:
+    out = convert(fv.src, fv.dst, fv.to, fv["from"].value, fv.do_lower_case, fv.overwrite)
+    print(f"wrote {fv.to} checkpoint to {out}")
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(main)
+    cli.run(_run, _define_flags, errors=(ConvertError,), prog="convert")

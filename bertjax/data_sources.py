@@ -11,7 +11,10 @@ valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not gr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
+import gzip
 import hashlib
 import json
 import os
@@ -25,13 +28,51 @@ from bertjax.pretraining_data import DataError
 _FORMAT_VERSION = 2  # bump when pairing or the row layout changes: old caches are ignored
 
 
-def resolve_files(patterns, field: str) -> list[str]:
-    """Sorted files matching a glob or list of globs; DataError naming ``field`` if none."""
+def file_patterns(value, field: str) -> list[str]:
+    """``config.data.<field>`` as a list of globs.
+
+    Accepts a list/tuple of globs or one string of comma-separated globs (what a command-line
+    override ``--config.data.input_files=a.txt,b/*.txt`` gives, since config_flags cannot parse
+    a list); list items are split on commas too, like the original's ``--input_file``.
+    """
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise DataError(
+            f"data.{field}={value!r}: expected a glob, comma-separated globs or a list of globs"
+        )
+    patterns = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not patterns:
+        raise DataError(f"data.{field}={value!r}: no file pattern given")
+    return patterns
+
+
+def is_local(path: str) -> bool:
+    """Local paths are handled without TensorFlow (importing it costs seconds per process);
+    others (``gs://...``) go through ``tf.io.gfile``."""
+    return "://" not in path
+
+
+def open_file(path: str, mode: str = "rb"):
+    """A binary file object for a local or ``tf.io.gfile`` path."""
+    if is_local(path):
+        return open(path, mode)
     import tensorflow as tf
 
-    if isinstance(patterns, str):
-        patterns = [p for p in patterns.split(",") if p]
-    files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
+    return tf.io.gfile.GFile(path, mode)
+
+
+def _glob(pattern: str) -> list[str]:
+    if is_local(pattern):
+        return [f for f in glob.glob(pattern) if os.path.isfile(f)]
+    import tensorflow as tf
+
+    return tf.io.gfile.glob(pattern)
+
+
+def resolve_files(value, field: str) -> list[str]:
+    """Sorted files matching ``file_patterns(value)``; DataError naming ``field`` if none."""
+    patterns = file_patterns(value, field)
+    files = sorted({f for p in patterns for f in _glob(p)})
     if not files:
         raise DataError(f"data.{field}={list(patterns)!r}: no file matches")
     return files
@@ -186,3 +227,98 @@ def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTabl
             f"{meta['instances']}; delete it to rebuild"
         )
     return InstanceTable(base + ".rows", row_length, num_rows, meta)
+
+
+# ---- work units: a text corpus cut at document boundaries into pieces that can be processed
+# ---- independently (bertjax.create_pretraining_data runs them in parallel processes)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+    """Whole documents of ``ranges`` (``(file, start byte, stop byte)`` of the decompressed
+    text, in order; a range ends at a document end). ``index`` is the unit's place in the corpus."""
+
+    index: int
+    ranges: tuple[tuple[str, int, int], ...]
+
+    def describe(self) -> str:
+        return ", ".join(f"{path} bytes {start}-{stop}" for path, start, stop in self.ranges)
+
+
+@contextlib.contextmanager
+def _open_text(path: str):
+    """A binary, seekable stream of a text file's contents (gzip'd when the name ends in .gz)."""
+    with open_file(path) as raw:
+        if not path.endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw) as text:
+            yield text
+
+
+def work_units(files: list[str], unit_bytes: int) -> list[WorkUnit]:
+    """Cuts the corpus into units of at least ``unit_bytes`` bytes and 2 documents (so NotNext
+    pairs can be drawn inside a unit), at document starts; the last unit absorbs a remainder
+    with fewer than 2 documents. A pure function of the files and ``unit_bytes``.
+
+    One pass reading lines without tokenizing (a few hundred MB/s); a document starts at a
+    non-blank line that follows a blank one (or the start of a file).
+    """
+    units, ranges = [], []  # ranges of the unit being built
+    size = documents = 0
+    for path in files:
+        start = position = 0
+        after_blank = True
+        try:
+            with _open_text(path) as f:
+                for line in f:
+                    blank = not line.strip()
+                    if not blank and after_blank:  # a document starts here
+                        if size + position - start >= unit_bytes and documents >= 2:
+                            units.append(WorkUnit(len(units), (*ranges, (path, start, position))))
+                            ranges, size, documents, start = [], 0, 0, position
+                        documents += 1
+                    after_blank = blank
+                    position += len(line)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read ({e})") from None
+        if position > start:
+            ranges.append((path, start, position))
+            size += position - start
+    if ranges:
+        if documents < 2 and units:  # too small to pair on its own: join the previous unit
+            units[-1] = WorkUnit(units[-1].index, units[-1].ranges + tuple(ranges))
+        else:
+            units.append(WorkUnit(len(units), tuple(ranges)))
+    return units
+
+
+def unit_lines(unit: WorkUnit) -> list[bytes]:
+    """The unit's lines (no line ends; a blank line after each range, which ends a document).
+    DataError naming the file and byte offset if the text is not UTF-8."""
+    lines = []
+    for path, start, stop in unit.ranges:
+        try:
+            with _open_text(path) as f:
+                f.seek(start)
+                text = f.read(stop - start)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read ({e})") from None
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {start + e.start})") from None
+        lines.extend(line.rstrip(b"\r") for line in text.split(b"\n"))
+        lines.append(b"")
+    return lines
+
+
+def unit_documents(unit: WorkUnit, tokenize, batch_lines: int = 2048):
+    """Tokenized documents of ``unit`` (as ``pretraining_data.read_text_documents`` makes them);
+    ``tokenize`` is a ``pretraining_data.line_batch_tokenizer``."""
+    lines = unit_lines(unit)
+    batches = (
+        tokenize(np.array(lines[i : i + batch_lines], dtype=object))
+        for i in range(0, len(lines), batch_lines)
+    )
+    return pretraining_data.documents_from_batches(batches, unit.describe())

@@ -77,6 +77,16 @@ class Accumulator:
         bins = np.clip((lengths * _NUM_BINS - 1) // self.length, 0, _NUM_BINS - 1)  # (lo, hi]
         self.histogram += np.bincount(bins, minlength=_NUM_BINS)
 
+    def merge(self, other: Accumulator) -> Accumulator:
+        """Adds ``other``'s counts (e.g. from another worker process) to this one; returns it."""
+        for name, value in other.counts.items():
+            if name == "truncation_known":
+                self.counts[name] = self.counts[name] and value
+            else:
+                self.counts[name] += value
+        self.histogram += other.histogram
+        return self
+
     def summary(self) -> dict:
         c = dict(self.counts)
         examples, tokens, predictions = (

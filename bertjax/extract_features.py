@@ -27,15 +27,14 @@ import functools
 import json
 import os
 import re
-import sys
 import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax import convert
+from bertjax import cli, convert
 from bertjax.model import BertConfig, BertEncoder
 
 _PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -192,9 +191,6 @@ def parse_layers(text: str) -> list[int]:
         raise ExtractError(f"--layers={text!r}: expected comma-separated integers") from None
 
 
-FLAGS = flags.FLAGS
-
-
 def _define_flags() -> None:
     flags.DEFINE_string("input_file", None, "Text file: one sequence per line, 'A ||| B' pairs.")
     flags.DEFINE_string("output_file", None, "JSON lines output (written atomically).")
@@ -204,24 +200,15 @@ def _define_flags() -> None:
     flags.DEFINE_boolean("do_lower_case", None, "Lower-case input; default: the checkpoint's.")
     flags.DEFINE_integer("max_seq_length", 128, "Word pieces per example incl. [CLS]/[SEP].")
     flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
+    flags.mark_flags_as_required(["input_file", "output_file", "checkpoint"])
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    for name in ("input_file", "output_file", "checkpoint"):
-        if FLAGS[name].value is None:
-            raise app.UsageError(f"--{name} is required")
-    try:
-        n = extract(FLAGS.checkpoint, FLAGS.input_file, FLAGS.output_file,
-                    parse_layers(FLAGS.layers), FLAGS.max_seq_length, FLAGS.batch_size,
-                    FLAGS.vocab_file, FLAGS.do_lower_case)  # fmt: skip
-    except ValueError as e:  # ExtractError, ConvertError, TokenizerError: one line, no traceback
-        print(f"extract_features: error: {e}", file=sys.stderr)
-        sys.exit(1)
-    print(f"wrote features of {n} lines to {FLAGS.output_file}")
+def _run(fv: flags.FlagValues) -> None:
+    n = extract(fv.checkpoint, fv.input_file, fv.output_file, parse_layers(fv.layers),
+                fv.max_seq_length, fv.batch_size, fv.vocab_file, fv.do_lower_case)  # fmt: skip
+    print(f"wrote features of {n} lines to {fv.output_file}")
 
 
 if __name__ == "__main__":
-    _define_flags()
-    app.run(main)
+    # ExtractError, ConvertError, TokenizerError are ValueErrors: one line, no traceback.
+    cli.run(_run, _define_flags, errors=(ValueError,), prog="extract_features")

@@ -40,14 +40,18 @@ Cost: every host tokenizes the whole text corpus once (first call; later calls a
 reuse the cache), which suits corpora up to a few GB; for Wikipedia-scale data on many hosts,
 run ``bertjax.create_pretraining_data`` once and train from the sharded TFRecords.
 
-TFRecords: host ``h`` reads files ``h::process_count`` (records ``h::process_count`` when there
-are fewer files than hosts), repeats forever (uneven shards never stop a host early), shuffles
-with a seeded buffer, and skips ``start_batch`` batches before parsing (reads, never tokenizes);
-every host's share must hold at least one record.
+TFRecords: host ``h`` reads files ``h::process_count`` when every such share holds a non-empty
+file, else records ``h::process_count`` of all files (fewer files than hosts, or empty files),
+so shares are disjoint and cover every record whatever the file sizes
+(``tfrecords.host_records``); train repeats its share forever (uneven shares never stop a host
+early; with fewer records than hosts the repeated stream is dealt out instead), shuffles with a
+seeded buffer, and skips ``start_batch`` batches before parsing (reads, never tokenizes); eval
+pads every host to the longest share.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -99,6 +103,10 @@ def check_data_config(data_config, model_config=None) -> None:
                 f"data.objective='ltr' predicts every position: set data.max_predictions_per_seq"
                 f" = data.max_seq_length = {d.max_seq_length} (got {d.max_predictions_per_seq})"
             )
+    if d.source != "tfds":
+        data_sources.resolve_files(d.input_files, "input_files")
+        if d.eval_input_files:  # may stay empty when train.eval_every == 0
+            data_sources.file_patterns(d.eval_input_files, "eval_input_files")
     if d.source == "tfrecord":
         tfrecords.check_tfrecords(d, split="train")
     if model_config is not None:
@@ -165,22 +173,40 @@ def feistel_permutation(index: np.ndarray, size: int, key: int) -> np.ndarray:
     return x.astype(np.int64)
 
 
+_PERMUTE_BATCHES = 16
+
+
 def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, process_count, train):
     """-> ``f(k) -> dict``: host ``process_index``'s share of global batch ``k`` (numpy)."""
     size = table.num_rows
     static = data_config.masking == "static"
 
+    def positions_of(k):
+        return (int(k) * process_count + process_index) * batch_size + np.arange(batch_size)
+
+    @functools.lru_cache(maxsize=4)  # tf.data calls make() from a few threads, roughly in order
+    def permuted_rows(group):
+        """Rows of this host's batches ``group*G .. group*G+G-1`` (G = _PERMUTE_BATCHES): the
+        Feistel network runs once per G batches, as its per-call cost is mostly overhead."""
+        first = group * _PERMUTE_BATCHES
+        positions = np.concatenate(
+            [positions_of(k) for k in range(first, first + _PERMUTE_BATCHES)]
+        )
+        epochs = positions // size
+        rows = np.empty(len(positions), dtype=np.int64)
+        for epoch in np.unique(epochs):  # batches may straddle two epochs
+            sel = epochs == epoch
+            rows[sel] = feistel_permutation(
+                positions[sel] % size, size, int(masking.hash_keys(seed, epoch))
+            )
+        return rows
+
     def make(k):
-        positions = (int(k) * process_count + process_index) * batch_size + np.arange(batch_size)
+        positions = positions_of(k)
         valid = np.ones(batch_size, dtype=bool)
         if train:
-            epochs = positions // size
-            rows = np.empty(batch_size, dtype=np.int64)
-            for epoch in np.unique(epochs):  # a batch may straddle two epochs
-                sel = epochs == epoch
-                rows[sel] = feistel_permutation(
-                    positions[sel] % size, size, int(masking.hash_keys(seed, epoch))
-                )
+            offset = (int(k) % _PERMUTE_BATCHES) * batch_size
+            rows = permuted_rows(int(k) // _PERMUTE_BATCHES)[offset : offset + batch_size]
         else:
             valid = positions < size
             rows = np.where(valid, positions, 0)

@@ -10,10 +10,11 @@ SIGTERM saves a checkpoint and exits 0. Errors in the config or inputs print one
 from __future__ import annotations
 
 import os
-import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+from bertjax import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
@@ -59,23 +60,17 @@ def _initialize_distributed() -> None:
         jax.distributed.initialize()
 
 
-def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
+def _train(flag_values: flags.FlagValues) -> None:
+    if not flag_values["verbosity"].present:
         # Orbax logs every save at INFO; the user's view is the one-line-per-log_every output.
         logging.set_verbosity(logging.WARNING)
     _hide_accelerators_from_tensorflow()
     _initialize_distributed()
-    from bertjax import checkpoint, train  # noqa: PLC0415 - after distributed init
+    from bertjax import train_loop  # noqa: PLC0415 - after distributed init
 
-    try:
-        train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except (ValueError, FloatingPointError, checkpoint.CheckpointError) as e:
-        logging.error("%s", e)
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    # Config and input errors (ValueError, checkpoint.CheckpointError) and a non-finite step.
+    cli.run(_train, errors=(ValueError, FloatingPointError))

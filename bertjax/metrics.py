@@ -4,14 +4,22 @@ The train and eval steps return *sums* and *counts* (``bertjax.losses``); this m
 over ``log_every`` steps and divides once on the host, so an average is exact regardless of how
 many masked positions each batch had. MLM accuracy is MLPerf's: correct masked predictions /
 weighted masked positions.
+
+MFU = model FLOPs per second (``train_flops_per_sequence``: matmuls only, bidirectional attention
+counted in full) / the devices' peak (``peak_flops_per_device``): ``config.train.peak_flops``, else
+the dense peak of a known TPU/GPU, else (CPU, unknown devices) the fp32 matmul ceiling measured at
+start-up, so on CPU the figure reads "MFU vs the measured matmul ceiling".
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.model import BertConfig
 
@@ -29,15 +37,47 @@ PEAK_FLOPS = {
 }
 
 
-def peak_flops_per_device(configured: float) -> float | None:
-    """``configured`` if > 0, else the table's value for this device kind, else None (CPU)."""
+def measure_matmul_flops(
+    size: int = 1024, min_seconds: float = 0.3, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """The measured fp32 matmul ceiling of one local device, FLOP/s (about 0.5 s).
+
+    Every local device multiplies a <float32>[size, size] matrix by itself at once, so devices
+    that share a host's cores (XLA's fake CPU devices) share its ceiling instead of each
+    claiming all of it. After a compile-and-warm-up call, the fastest of at least 3 calls
+    lasting ``min_seconds`` in all counts: noise from other processes only slows a call.
+    """
+    devices = jax.local_devices()
+    sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
+    matrices = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
+    matmul = jax.jit(lambda x: jnp.einsum("dij,djk->dik", x, x), out_shardings=sharding)
+    matmul(matrices).block_until_ready()
+    best, total, calls = float("inf"), 0.0, 0
+    while total < min_seconds or calls < 3:
+        start = clock()
+        matmul(matrices).block_until_ready()
+        seconds = clock() - start
+        best, total, calls = min(best, seconds), total + seconds, calls + 1
+    return 2.0 * size**3 / best
+
+
+def peak_flops_per_device(configured: float, device_kind: str | None = None) -> tuple[float, str]:
+    """(peak FLOP/s of one device, where it comes from), the denominator of MFU.
+
+    ``configured`` (``config.train.peak_flops``) if > 0; else the table's dense peak for
+    ``device_kind`` (default: this process's devices); else (CPU, unknown accelerators) the
+    fp32 matmul ceiling measured now, so MFU reads "vs the measured matmul ceiling".
+    """
     if configured > 0:
-        return float(configured)
-    kind = jax.devices()[0].device_kind
+        return float(configured), "config.train.peak_flops"
+    kind = device_kind or jax.devices()[0].device_kind
     for key, value in PEAK_FLOPS.items():
         if key.lower() in kind.lower():
-            return value
-    return None
+            return value, f"dense peak of {key} from bertjax.metrics.PEAK_FLOPS ({kind})"
+    return measure_matmul_flops(), (
+        f"measured fp32 matmul ceiling of this {kind} device (set config.train.peak_flops "
+        "to use another peak)"
+    )
 
 
 def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> float:
@@ -84,7 +124,7 @@ def summarize_train(
     global_batch: int,
     length: int,
     flops_per_sequence: float,
-    peak_flops_total: float | None,
+    peak_flops_total: float,
 ) -> dict:
     """Window sums -> the scalars a user sees (means, rates, MFU)."""
     steps = sums["steps"]

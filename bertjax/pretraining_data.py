@@ -31,6 +31,7 @@ with ``[PAD]``) then ``num_tokens``, ``segment_b_start`` (= ``num_tokens`` witho
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import random
@@ -66,10 +67,12 @@ class Document:
 
     ids: np.ndarray
     sentence_lengths: np.ndarray
-    offsets: np.ndarray = dataclasses.field(init=False)  # <int64>[S + 1]
+    # Sentence starts, then T: S + 1 Python ints, because pairing does scalar look-ups and
+    # bisection on them (several times per document), several times slower on numpy scalars.
+    offsets: list = dataclasses.field(init=False)
 
     def __post_init__(self):
-        self.offsets = np.concatenate([[0], np.cumsum(self.sentence_lengths)])
+        self.offsets = [0, *np.cumsum(self.sentence_lengths).tolist()]
 
 
 def line_dataset(path: str):
@@ -80,20 +83,39 @@ def line_dataset(path: str):
     return tf.data.TextLineDataset(path, compression_type=compression, buffer_size=1 << 20)
 
 
+def _tokenize_lines(tokenizer, lines):
+    """``<string>[n]`` -> ``(flat_ids <int32>[T], lengths <int64>[n], blank <bool>[n])``."""
+    import tensorflow as tf
+
+    pieces = tokenizer.tokenize(lines)
+    blank = tf.equal(tf.strings.length(tf.strings.strip(lines)), 0)
+    return pieces.flat_values, pieces.row_lengths(), blank
+
+
 def tokenized_line_batches(lines_dataset, tokenizer, batch_lines: int = 2048):
     """``<string>[lines]`` dataset -> numpy batches ``(flat_ids <int32>[T], lengths <int64>[n],
     blank <bool>[n])``: the pieces of ``n`` lines and which lines are blank (document breaks)."""
     import tensorflow as tf
 
-    def tokenize(lines):
-        pieces = tokenizer.tokenize(lines)
-        blank = tf.equal(tf.strings.length(tf.strings.strip(lines)), 0)
-        return pieces.flat_values, pieces.row_lengths(), blank
-
     # No autograph: converting the tokenizer's Python costs seconds and it has no control flow.
-    tokenize = tf.autograph.experimental.do_not_convert(tokenize)
+    tokenize = tf.autograph.experimental.do_not_convert(lambda x: _tokenize_lines(tokenizer, x))
     dataset = lines_dataset.batch(batch_lines).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+
+def line_batch_tokenizer(tokenizer):
+    """``f(lines: <object bytes>[n]) -> (flat_ids, lengths, blank)`` as numpy, the batches of
+    ``tokenized_line_batches`` without a ``tf.data`` pipeline: one ``tf.function`` traced once
+    per tokenizer (tracing costs ~0.5 s, too much to repeat for every small work unit)."""
+    import tensorflow as tf
+
+    spec = tf.TensorSpec([None], tf.string)
+    traced = tf.function(lambda x: _tokenize_lines(tokenizer, x), [spec], autograph=False)
+
+    def tokenize(lines):
+        return tuple(t.numpy() for t in traced(tf.constant(lines, tf.string)))
+
+    return tokenize
 
 
 def documents_from_batches(batches, source: str) -> Iterator[Document]:
@@ -259,11 +281,13 @@ def _rows(instances: list, opts: InstanceOptions) -> np.ndarray:
 
 def _random_b(pool, target_b_length: int, rng: random.Random) -> np.ndarray:
     document = pool[rng.randint(0, len(pool) - 1)]
-    start = rng.randint(0, len(document.sentence_lengths) - 1)
+    offsets = document.offsets
+    start = rng.randint(0, len(offsets) - 2)
     # Whole sentences from `start` until the target is reached (at least one sentence).
-    reach = document.offsets[start + 1 :] - document.offsets[start]
-    stop = start + 1 + min(int(np.searchsorted(reach, target_b_length)), len(reach) - 1)
-    return document.ids[document.offsets[start] : document.offsets[stop]]
+    stop = min(
+        bisect.bisect_left(offsets, offsets[start] + target_b_length, start + 1), len(offsets) - 1
+    )
+    return document.ids[offsets[start] : offsets[stop]]
 
 
 def document_instances(
@@ -274,20 +298,22 @@ def document_instances(
     target = max_num_tokens
     if rng.random() < opts.short_seq_prob:
         target = rng.randint(2, max_num_tokens)
-    offsets, num_sentences = document.offsets, len(document.sentence_lengths)
-    rows, chunk_start, i = [], 0, 0
-    while i < num_sentences:
-        if i != num_sentences - 1 and offsets[i + 1] - offsets[chunk_start] < target:
-            i += 1
-            continue
-        chunk = i - chunk_start + 1
+    ids, offsets = document.ids, document.offsets
+    num_sentences = len(offsets) - 1
+    rows, chunk_start = [], 0
+    while chunk_start < num_sentences:
+        # The chunk ends at the first sentence that brings it to the target, or the last one.
+        end = bisect.bisect_left(offsets, offsets[chunk_start] + target, chunk_start + 1)
+        end = min(end, num_sentences)  # chunk = sentences [chunk_start, end)
+        next_start = end
         if not opts.nsp:
-            a = document.ids[offsets[chunk_start] : offsets[i + 1]]
+            a = ids[offsets[chunk_start] : offsets[end]]
             front, back, _, _ = _truncate(len(a), 0, max_num_tokens, rng)
             rows.append((a[front : len(a) - back], None, 0, front + back > 0))
         else:
+            chunk = end - chunk_start
             a_end = chunk_start + (rng.randint(1, chunk - 1) if chunk >= 2 else 1)
-            a = document.ids[offsets[chunk_start] : offsets[a_end]]
+            a = ids[offsets[chunk_start] : offsets[a_end]]
             label = 1 if rng.random() < 0.5 else 0
             if chunk == 1 and label == 0 and len(a) >= 2:
                 # The original forces NotNext here, which skews NSP to ~56% NotNext on
@@ -298,13 +324,12 @@ def document_instances(
             elif chunk == 1 or label == 1:
                 label = 1
                 b = _random_b(pool, target - len(a), rng)
-                i = a_end - 1  # the unused sentences go back to the document
+                next_start = a_end  # the unused sentences go back to the document
             else:
-                b = document.ids[offsets[a_end] : offsets[i + 1]]
+                b = ids[offsets[a_end] : offsets[end]]
             fa, ba, fb, bb = _truncate(len(a), len(b), max_num_tokens, rng)
             rows.append((a[fa : len(a) - ba], b[fb : len(b) - bb], label, fa + ba + fb + bb > 0))
-        chunk_start = i + 1
-        i += 1
+        chunk_start = next_start
     return rows
 
 

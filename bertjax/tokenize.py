@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 import tensorflow as tf
-from absl import app, flags
+from absl import flags
 
-from bertjax import tokenization
+from bertjax import cli, tokenization
 
 _BATCH_LINES = 4096
 
@@ -76,12 +76,5 @@ def run(flag_values: flags.FlagValues, stdin: BinaryIO, stdout: TextIO) -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(run(flags.FLAGS, sys.stdin.buffer, sys.stdout))
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.run(lambda fv: run(fv, sys.stdin.buffer, sys.stdout), define_flags)

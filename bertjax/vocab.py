@@ -24,10 +24,10 @@ import uuid
 from collections.abc import Iterator
 
 import tensorflow as tf
-from absl import app, flags
+from absl import flags
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
-from bertjax import tokenization
+from bertjax import cli, tokenization
 
 _BATCH_LINES = 4096
 
@@ -208,12 +208,5 @@ def run(flag_values: flags.FlagValues) -> int:
     return 0
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    sys.exit(run(flags.FLAGS))
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.run(run, define_flags)

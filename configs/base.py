@@ -7,6 +7,7 @@ override only what differs. Library code reads ``config.x`` and never supplies i
 """
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 from bertjax import data as bundled_data
 from bertjax import sharding
@@ -40,9 +41,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.data = ml_collections.ConfigDict()
     config.data.source = "text"  # text (BERT-format files) | tfds | tfrecord (pre-masked)
     # Glob(s) of training input: text (one sentence per line, blank line between documents,
-    # .gz ok) or TFRecords. Default: the bundled King James corpus (bertjax/data).
-    config.data.input_files = [bundled_data.TRAIN_CORPUS]
-    config.data.eval_input_files = [bundled_data.EVAL_CORPUS]  # held-out documents / TFRecords
+    # .gz ok) or TFRecords. Default: the bundled King James corpus (bertjax/data). A list of
+    # globs or one string of comma-separated globs; typed `object` so that both a config file's
+    # list and the command line's `--config.data.input_files=a.txt,b/*.txt` are accepted.
+    config.data.input_files = FieldReference([bundled_data.TRAIN_CORPUS], field_type=object)
+    config.data.eval_input_files = FieldReference(  # held-out documents / TFRecords
+        [bundled_data.EVAL_CORPUS], field_type=object
+    )
     config.data.tfds_name = ""  # source='tfds': a prepared TFDS builder, e.g. 'wikipedia/...'
     config.data.tfds_data_dir = ""  # its local data_dir (nothing is downloaded)
     config.data.tfds_split = "train"
@@ -65,7 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 
-    # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: train.py) ----
+    # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: train_loop.py) ----
     # Params-only bertjax checkpoint (e.g. converted from HF/TF) used when the workdir has none.
     config.init_checkpoint = ""
 
@@ -83,7 +88,8 @@ def get_config() -> ml_collections.ConfigDict:
     # On a non-finite loss or gradient: False = stop with an error naming the step; True = skip
     # the update (params and optimizer state unchanged) and count it.
     config.train.skip_nonfinite = False
-    # Peak FLOP/s of ONE device for MFU; 0 = look it up from the device kind (see metrics.py).
+    # Peak FLOP/s of ONE device for MFU; 0 = the table's peak for known TPUs/GPUs, else (CPU)
+    # the fp32 matmul ceiling measured at start-up (~0.5 s): MFU vs the measured ceiling.
     config.train.peak_flops = 0.0
     # Random batches of the right shapes instead of config.data (benchmarks, smoke tests).
     config.train.synthetic_data = False

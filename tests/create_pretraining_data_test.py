@@ -53,6 +53,7 @@ def test_writes_shards_the_original_spec_parses(corpus, tmp_path, capsys):
             f"--max_predictions_per_seq={PREDICTIONS}",
             "--dupe_factor=2",
             "--random_seed=7",
+            "--num_workers=1",
         ]
     )
     assert code == 0
@@ -84,9 +85,65 @@ def test_bad_input_exits_non_zero_and_leaves_nothing(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe not text\n")
     out = tmp_path / "out.tfrecord"
-    code = _run([f"--input_file={bad}", f"--output_file={out}", f"--vocab_file={data.VOCAB}"])
+    good = tmp_path / "good.txt"
+    good.write_text("One sentence.\nTwo.\n\nAnother document.\n\n" * 4)
+    # Two units in two spawned workers: the error is raised in one and still ends as one line.
+    argv = [f"--input_file={tmp_path}/*.txt", f"--output_file={out}", f"--vocab_file={data.VOCAB}"]
+    code = _run([*argv, "--num_workers=2", "--work_unit_bytes=10"])
     assert code == 1
-    assert "bad.txt: not UTF-8 text" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == [bad]
+    assert "bad.txt: not UTF-8 text (byte 0)" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == [bad, good]
     assert _run([f"--output_file={out}", f"--vocab_file={data.VOCAB}"]) == 1
     assert "--input_file is required" in capsys.readouterr().err
+
+
+def _shards(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, capsys):
+    common = [
+        f"--input_file={corpus}",
+        "--num_output_shards=3",
+        f"--vocab_file={data.VOCAB}",
+        f"--max_seq_length={LENGTH}",
+        f"--max_predictions_per_seq={PREDICTIONS}",
+        "--dupe_factor=2",
+        "--work_unit_bytes=8000",  # ~5 units in this 40 kB corpus
+    ]
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}" / "train.tfrecord"
+        assert _run([*common, f"--output_file={out}", f"--num_workers={workers}"]) == 0
+    one, two = _shards(tmp_path / "w1"), _shards(tmp_path / "w2")
+    assert list(one) == [f"train.tfrecord-0000{i}-of-00003" for i in range(3)]
+    assert one == two  # byte for byte
+    records = list(tf.data.TFRecordDataset([str(tmp_path / "w1" / name) for name in one]))
+    assert f"examples            {len(records)}" in capsys.readouterr().out
+    assert len(set(r.numpy() for r in records)) == len(records)  # no unit written twice
+
+
+def test_work_units_hold_exactly_the_corpus_documents(tmp_path):
+    from bertjax import data_sources, pretraining_data, tokenization
+
+    with gzip.open(data.TRAIN_CORPUS, "rt") as f:
+        text = "".join(itertools.islice(f, 1200))
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text[:20000].encode()))
+    (tmp_path / "b.txt").write_text("\n\n  \nOne lone document.\nIn file b.\n\n\n")
+    (tmp_path / "c.txt").write_text(text[20000:] + "\r\nlast line\r\n")
+    (tmp_path / "d.txt").write_text("")
+    files = sorted(str(p) for p in tmp_path.iterdir())
+    tokenizer = tokenization.create_tokenizer("wordpiece", data.VOCAB, True)
+    expected = list(pretraining_data.read_text_documents(files, tokenizer))
+    tokenize = pretraining_data.line_batch_tokenizer(tokenizer)
+    for unit_bytes in (1, 5000, 10**9):
+        units = data_sources.work_units(files, unit_bytes)
+        assert [u.index for u in units] == list(range(len(units)))
+        got = [list(data_sources.unit_documents(u, tokenize)) for u in units]
+        assert all(len(documents) >= 2 for documents in got)  # NotNext needs another document
+        got = [d for documents in got for d in documents]
+        assert len(got) == len(expected), unit_bytes
+        for a, b in zip(got, expected, strict=True):
+            assert a.ids.tolist() == b.ids.tolist()
+            assert a.sentence_lengths.tolist() == b.sentence_lengths.tolist()
+    assert len(data_sources.work_units(files, 5000)) > 3
+    assert len(data_sources.work_units(files, 10**9)) == 1

@@ -54,6 +54,7 @@ def test_cli_on_tfrecords_matches_direct_computation(tmp_path, capsys):
             "--max_seq_length=64",
             "--max_predictions_per_seq=10",
             "--dupe_factor=1",
+            "--num_workers=1",
         ]
     )
     assert create_pretraining_data.run(values) == 0

@@ -18,20 +18,18 @@ import time
 
 import numpy as np
 import pytest
+from train_test import TINY_MODEL
 
 from bertjax import checkpoint, data
 
 REPO = pathlib.Path(__file__).parents[1]
+pytestmark = pytest.mark.xdist_group("main_test")  # one reference run per suite (conftest)
 NUM_STEPS = 8
 
 
 def _overrides(corpus: pathlib.Path) -> list[str]:
     values = {
-        "model.hidden_size": 32,
-        "model.num_layers": 2,
-        "model.num_heads": 2,
-        "model.intermediate_size": 64,
-        "model.max_position_embeddings": 32,
+        **{f"model.{k}": v for k, v in TINY_MODEL.items()},
         "data.cache_dir": str(corpus.parent / "cache"),
         "data.max_seq_length": 32,
         "data.max_predictions_per_seq": 5,
@@ -65,6 +63,7 @@ def env(tmp_path_factory):
     environ = dict(
         os.environ,
         XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # tiny model, 8 steps: compiling is the cost
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PLATFORMS="cpu",

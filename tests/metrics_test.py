@@ -1,9 +1,11 @@
-"""Host-side metrics: FLOPs model vs the standard transformer count, MFU, exact window means."""
+"""Host-side metrics: FLOPs model vs the standard transformer count and a hand count, MFU,
+the peak it divides by (config, table, measured matmul ceiling), exact window means."""
 
 import numpy as np
+import pytest
 
 from bertjax import metrics
-from bertjax.model import config_for_size
+from bertjax.model import BertConfig, config_for_size
 
 
 def test_flops_match_the_standard_count_with_full_bidirectional_attention():
@@ -63,6 +65,65 @@ def test_summaries_divide_sums_once():
     assert "mfu 100.0%" in line and "eta 1h02m05s" in line
 
 
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_mfu_against_a_hand_count_of_every_matmul(attention):
+    """A BERT small enough to list its matmuls by hand; attention counted in full (L x L) even
+    for the causal ablation, MLM head on the P gathered positions only."""
+    cfg = BertConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=2,  # head size 4
+        intermediate_size=16,
+        max_position_embeddings=8,
+        attention=attention,
+    )
+    length, predictions = 4, 2
+    # Forward FLOPs of one sequence, 2 * rows * contraction * columns per matmul:
+    query_key_value = 3 * 2 * 4 * 8 * 8  # [L,H] x [H,H], three times: 1536
+    scores = 2 * (2 * 4 * 4 * 4)  # per head [L,4] x [4,L]: 256
+    context = 2 * (2 * 4 * 4 * 4)  # per head [L,L] x [L,4]: 256
+    attention_output = 2 * 4 * 8 * 8  # 512
+    feed_forward = 2 * 4 * 8 * 16 + 2 * 4 * 16 * 8  # 2048
+    layer = query_key_value + scores + context + attention_output + feed_forward  # 4608
+    mlm = 2 * 2 * 8 * 8 + 2 * 2 * 8 * 10  # transform + tied decoder on P=2 rows: 576
+    pooler_nsp = 2 * 1 * 8 * 8 + 2 * 1 * 8 * 2  # [CLS] row only: 160
+    forward = 2 * layer + mlm + pooler_nsp  # 9952
+    assert forward == 9952
+    flops = metrics.train_flops_per_sequence(cfg, length, predictions)
+    assert flops == 3 * 9952  # backward = 2x forward
+    # 3 steps of global batch 4 in 2 s on 2 devices of 1e5 FLOP/s: 6 seq/s * 29856 / 2e5.
+    sums = dict.fromkeys(
+        ["loss_sum", "mlm_loss_sum", "mlm_correct_sum", "mlm_weight_sum", "grad_norm_sum"], 1.0
+    )
+    sums.update(nsp_loss_sum=1.0, nsp_correct_sum=1.0, nsp_weight_sum=1.0, steps=3.0)
+    values = metrics.summarize_train(
+        sums, 2.0, global_batch=4, length=4, flops_per_sequence=flops, peak_flops_total=2e5
+    )
+    np.testing.assert_allclose(values["mfu"], 6 * 29856 / 2e5)  # 0.89568
+
+
 def test_peak_flops_from_config_or_table():
-    assert metrics.peak_flops_per_device(5e12) == 5e12
-    assert metrics.peak_flops_per_device(0.0) is None  # CPU: unknown, MFU shown as n/a
+    assert metrics.peak_flops_per_device(5e12) == (5e12, "config.train.peak_flops")
+    peak, source = metrics.peak_flops_per_device(0.0, device_kind="TPU v5 lite")
+    assert peak == 197e12 and "TPU v5" in source
+    peak, source = metrics.peak_flops_per_device(0.0, device_kind="NVIDIA H100 80GB HBM3")
+    assert peak == 989e12 and "H100" in source
+
+
+def test_cpu_peak_is_the_measured_matmul_ceiling():
+    peak, source = metrics.peak_flops_per_device(0.0)  # tests run on CPU devices
+    assert source.startswith("measured fp32 matmul ceiling")
+    assert 1e8 < peak < 1e14, peak  # 0.1 GFLOP/s .. 100 TFLOP/s: a FLOP/s figure for one device
+
+
+def test_matmul_ceiling_arithmetic_with_a_fake_clock():
+    """Timed calls "take" 0.02 s, 0.01 s, 0.04 s: the fastest counts, and it ran 2 * 256^3
+    FLOPs on each device."""
+    ticks, now = [], 0.0
+    for seconds in [0.02, 0.01, 0.04] * 10:
+        ticks += [now, now + seconds]  # a call reads the clock before and after
+        now += seconds + 1.0
+    clock = iter(ticks).__next__
+    flops = metrics.measure_matmul_flops(size=256, min_seconds=0.05, clock=clock)
+    assert flops == pytest.approx(2 * 256**3 / 0.01)

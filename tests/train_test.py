@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import optimizer, train
+from bertjax import optimizer, train, train_inputs
 from bertjax import sharding as sh
 from bertjax.heads import BertForPreTraining
 
@@ -17,20 +17,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "configs"))
 import base as base_config  # noqa: E402
 
 LENGTH, PREDICTIONS, BATCH = 16, 4, 16
+# The tests' BERT (main_test trains the same one through the CLI): 2 layers, hidden 32, MLP 64,
+# so a (2, 2, 2) mesh splits every kernel and a train step compiles in seconds.
+TINY_MODEL = dict(
+    hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=32
+)
+RNG = np.asarray(jax.random.key_data(jax.random.key(1)))
+pytestmark = [
+    pytest.mark.xdist_group("train_test"),  # one single-device reference per suite (conftest)
+    pytest.mark.usefixtures("fast_compiles"),
+]
 
 
 def tiny_config(**train_overrides):
     config = base_config.get_config()
-    config.model.update(
-        dict(
-            vocab_size=128,
-            hidden_size=32,
-            num_layers=2,
-            num_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=32,
-        )
-    )
+    config.model.update(dict(TINY_MODEL, vocab_size=128))
     config.data.max_seq_length = LENGTH
     config.data.max_predictions_per_seq = PREDICTIONS
     config.train.update(
@@ -53,47 +54,44 @@ def tiny_config(**train_overrides):
 def tiny_batches():
     """Synthetic batches; every third row has only 2 of 4 masked positions, so the global MLM
     denominator matters for gradient accumulation."""
-    for batch in train.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS, 0, 0):
+    for batch in train_inputs.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS, 0, 0):
         batch["masked_lm_weights"][::3, 2:] = 0.0
         yield batch
 
 
-def run_steps(config, devices, mesh_shape, num_steps=3):
-    """Trains ``num_steps`` on ``devices`` -> (losses, numpy params, state, step_fn, mesh)."""
-    bert_config = train.bert_config_from(config)
-    mesh = sh.create_mesh(mesh_shape, devices)
+def build_step(config, mesh, bert_config=None):
+    """What train_loop builds before its first step -> (model, tx, abstract state, shardings,
+    jitted train step) for ``config``'s shapes on ``mesh``; nothing is allocated or compiled."""
+    bert_config = bert_config or train.bert_config_from(config)
     model = BertForPreTraining(bert_config)
-    tx = optimizer.create_optimizer(config.optimizer, num_steps)
-    schedule = optimizer.learning_rate_schedule(config.optimizer, num_steps)
+    steps = train.schedule_steps(config)
+    tx = optimizer.create_optimizer(config.optimizer, steps)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, steps)
+    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
     abstract, shardings = train.state_shardings(
-        model, tx, mesh, config.mesh.rules, LENGTH, PREDICTIONS
+        model, tx, mesh, config.mesh.rules, length, predictions
     )
-    state = train.init_train_state(model, tx, shardings, jax.random.key(0), LENGTH, PREDICTIONS)
+    batch = train.abstract_batch(config.train.global_batch_size, length, predictions)
     step_fn = train.jit_train_step(
-        model,
-        tx,
-        schedule,
-        train.step_config_from(config),
-        mesh,
-        config.mesh.rules,
-        shardings,
-        train.abstract_batch(BATCH, LENGTH, PREDICTIONS),
-    )
+        model, tx, schedule, train.step_config_from(config), mesh, config.mesh.rules, shardings,
+        batch,
+    )  # fmt: skip
+    return model, tx, abstract, shardings, step_fn
+
+
+def run_steps(config, devices, mesh_shape):
+    """Trains ``config.train.num_steps`` on ``devices`` -> (losses, numpy params, state,
+    step_fn, mesh)."""
+    mesh = sh.create_mesh(mesh_shape, devices)
+    model, tx, _, shardings, step_fn = build_step(config, mesh)
+    state = train.init_train_state(model, tx, shardings, jax.random.key(0), LENGTH, PREDICTIONS)
     batches = tiny_batches()
     losses = []
-    for _ in range(num_steps):
+    for _ in range(config.train.num_steps):
         state, metrics = step_fn(state, train.make_global_batch(next(batches), mesh), RNG)
         losses.append(float(metrics["loss_sum"]))
-    return (
-        np.array(losses),
-        jax.tree.map(np.asarray, jax.device_get(state.params)),
-        state,
-        step_fn,
-        mesh,
-    )
-
-
-RNG = np.asarray(jax.random.key_data(jax.random.key(1)))
+    params = jax.tree.map(np.asarray, jax.device_get(state.params))
+    return np.array(losses), params, state, step_fn, mesh
 
 
 @functools.cache
@@ -111,10 +109,19 @@ def assert_same_training(losses, params):
     assert ref_losses[-1] < ref_losses[0]  # it trains
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
+# Each mesh compiles its own step, so the options ride along instead of costing a compile each:
+# skip_nonfinite must not change training, and gradient accumulation (2 micro-batches of 8 rows,
+# each split over the 8 batch shards) must give the unaccumulated batch's update.
+MESHES = {
+    (8, 1, 1): dict(skip_nonfinite=True),
+    (2, 4, 1): dict(grad_accum_steps=2),
+    (2, 2, 2): dict(),
+}
+
+
+@pytest.mark.parametrize("mesh_shape", list(MESHES))
 def test_meshes_match_single_device(mesh_shape):
-    # One mesh also checks train.skip_nonfinite (it must not change the training either).
-    config = tiny_config(skip_nonfinite=mesh_shape == (8, 1, 1))
+    config = tiny_config(**MESHES[mesh_shape])
     losses, params, state, step_fn, mesh = run_steps(config, jax.devices(), mesh_shape)
     assert_same_training(losses, params)
     if mesh_shape == (2, 2, 2):  # weights really are split over fsdp/tensor, not replicated
@@ -134,14 +141,8 @@ def test_meshes_match_single_device(mesh_shape):
         )
 
 
-def test_grad_accumulation_matches_unaccumulated_batch():
-    losses, params, *_ = run_steps(tiny_config(grad_accum_steps=2), jax.devices(), (4, 2, 1))
-    assert_same_training(losses, params)
-
-
 def test_large_config_train_step_compiles_on_a_fake_mesh():
     """AOT: shapes only, no params allocated; scan + remat + bf16 on an FSDP x tensor mesh."""
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "configs"))
     import large  # noqa: PLC0415
 
     config = large.get_config()
@@ -149,24 +150,9 @@ def test_large_config_train_step_compiles_on_a_fake_mesh():
         scan_layers=True, remat_policy="dots", dtype="bfloat16"
     )
     mesh = sh.create_mesh((2, 2, 2))
-    model = BertForPreTraining(bert_config)
-    tx = optimizer.create_optimizer(config.optimizer, config.train.num_steps)
-    schedule = optimizer.learning_rate_schedule(config.optimizer, config.train.num_steps)
+    *_, abstract, _, step_fn = build_step(config, mesh, bert_config)
     length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
-    abstract, shardings = train.state_shardings(
-        model, tx, mesh, config.mesh.rules, length, predictions
-    )
     batch = train.abstract_batch(config.train.global_batch_size, length, predictions)
-    step_fn = train.jit_train_step(
-        model,
-        tx,
-        schedule,
-        train.step_config_from(config),
-        mesh,
-        config.mesh.rules,
-        shardings,
-        batch,
-    )
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
     compiled = step_fn.lower(abstract, batch, rng).compile()
     assert compiled is not None
@@ -188,11 +174,11 @@ def test_config_errors_before_compiling(field, value, message):
     config[section][key] = value
     mesh = sh.create_mesh((8, 1, 1))
     with pytest.raises(ValueError, match=message):
-        train.check_config(config, train.bert_config_from(config), mesh, 1)
+        train_inputs.check_config(config, train.bert_config_from(config), mesh, 1)
 
 
 def test_batch_shape_mismatch_is_reported():
     config = tiny_config()
-    batch = next(train.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS + 1, 0, 0))
+    batch = next(train_inputs.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS + 1, 0, 0))
     with pytest.raises(ValueError, match="masked_lm_positions has shape"):
-        train.check_batch(batch, config, BATCH)
+        train_inputs.check_batch(batch, config, BATCH)
