@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+import optax
 from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -128,6 +129,20 @@ def create_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = Non
 def logical_to_sharding(logical_specs, mesh: Mesh, rules):
     """Maps a pytree of logical ``PartitionSpec``s (or boxed params) to ``NamedSharding``s."""
     return nn.logical_to_mesh_sharding(logical_specs, mesh, normalize_rules(rules))
+
+
+def optimizer_state_specs(tx, abstract_params, param_specs):
+    """(abstract optimizer state, its logical PartitionSpecs): every per-parameter leaf (Adam
+    moments, ...) takes its parameter's spec, everything else (counts) is replicated."""
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    specs = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        abstract_opt,
+        param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+    )
+    return abstract_opt, specs
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

@@ -101,14 +101,7 @@ def state_shardings(model: nn.Module, tx, mesh: Mesh, rules, length: int, predic
     )
     param_specs = nn.get_partition_spec(boxed)
     abstract_params = nn.unbox(boxed)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    opt_specs = optax.tree_map_params(
-        tx,
-        lambda _, spec: spec,
-        abstract_opt,
-        param_specs,
-        transform_non_params=lambda _: PartitionSpec(),
-    )
+    abstract_opt, opt_specs = sh.optimizer_state_specs(tx, abstract_params, param_specs)
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     abstract = TrainState(scalar, abstract_params, abstract_opt, scalar)
     specs = TrainState(PartitionSpec(), param_specs, opt_specs, PartitionSpec())

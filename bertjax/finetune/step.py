@@ -155,13 +155,7 @@ class Runner:
     def _state_shardings(self, tx, example: dict) -> FinetuneState:
         params = self.param_shardings(example)
         abstract, specs, _ = self._params
-        opt_specs = optax.tree_map_params(
-            tx,
-            lambda _, spec: spec,
-            jax.eval_shape(tx.init, abstract),
-            specs,
-            transform_non_params=lambda _: PartitionSpec(),
-        )
+        _, opt_specs = sh.optimizer_state_specs(tx, abstract, specs)
         opt = sh.logical_to_sharding(opt_specs, self.mesh, self.rules)
         return FinetuneState(self.replicated, params, opt, self.replicated)
 
