@@ -37,9 +37,9 @@ import sys
 import tempfile
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from bertjax import data_sources, data_stats, masking, pretraining_data, tfrecords
+from bertjax import cli, data_sources, data_stats, masking, pretraining_data, tfrecords
 from bertjax.pretraining_data import DataError
 
 _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + a few more
@@ -271,8 +271,9 @@ def write_tfrecords(
         for tmp, path in zip(temporary, paths, strict=True):
             _rename(tmp, path)
     finally:  # after a failure: no half-written shard is left behind
-        for output, tmp in zip(outputs, temporary, strict=True):
+        for output in outputs:  # empty when the failure came before the outputs were opened
             output.close()
+        for tmp in temporary:
             _remove_if_exists(tmp)
         shutil.rmtree(scratch, ignore_errors=True)
     return total.summary()
@@ -331,12 +332,5 @@ def run(values) -> int:
     return 0
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    return run(flags.FLAGS)
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run(run, define_flags, errors=(DataError,), prog="create_pretraining_data")

@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from bertjax import cli
 from bertjax.pretraining_data import DataError
 
 _NUM_BINS = 8
@@ -229,12 +230,5 @@ def run(f) -> int:
     return 0
 
 
-def main(argv) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    return run(flags.FLAGS)
-
-
 if __name__ == "__main__":
-    define_flags()
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run(run, define_flags, errors=(DataError,), prog="data_stats")

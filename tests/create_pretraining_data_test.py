@@ -95,6 +95,10 @@ def test_bad_input_exits_non_zero_and_leaves_nothing(tmp_path, capsys):
     assert sorted(tmp_path.iterdir()) == [bad, good]
     assert _run([f"--output_file={out}", f"--vocab_file={data.VOCAB}"]) == 1
     assert "--input_file is required" in capsys.readouterr().err
+    # A failure before any output is opened (missing vocab) is the same one line, no traceback.
+    assert _run([f"--input_file={good}", f"--output_file={out}", "--vocab_file=nope.txt"]) == 1
+    assert "vocab file nope.txt: not found" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == [bad, good]
 
 
 def _shards(folder):
