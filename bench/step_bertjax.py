@@ -1,10 +1,13 @@
 """bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
 
 # venv: bertjax
-# variants: jit
+# variants: jit xla
 
 Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
 While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
+Variants: ``jit`` is the default configuration (``model.matmul='auto'``, which on this one-device
+CPU process is the MKL GEMM kernel of bertjax/cpu_gemm.py when it is available); ``xla`` pins
+``model.matmul='xla'`` (XLA's own dot kernels) for the side-by-side comparison.
 build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
 jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
   * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
@@ -27,7 +30,7 @@ def build_step(w, variant):
     import ml_collections
     import numpy as np
 
-    from bertjax import optimizer, train
+    from bertjax import cpu_gemm, optimizer, train
     from bertjax import sharding as sh
     from bertjax.heads import BertForPreTraining
     from bertjax.model import BertConfig
@@ -43,6 +46,7 @@ def build_step(w, variant):
         hidden_dropout_rate=w["hidden_dropout_prob"],
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
+        matmul=cpu_gemm.resolve("xla" if variant == "xla" else "auto"),
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(
@@ -93,6 +97,7 @@ def build_step(w, variant):
         holder["state"], metrics = step_fn(holder["state"], batch, rng)
         return float(metrics["loss_sum"])
 
+    step.matmul = bert_config.matmul
     return step
 
 
@@ -130,7 +135,7 @@ def main():
         meas,
         losses,
         versions,
-        notes="first step includes jit compile",
+        notes=f"first step includes jit compile; matmul={step.matmul}",
         extra={"compile_s": first},
     )
     return 0

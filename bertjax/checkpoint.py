@@ -105,7 +105,7 @@ def save_params(
                 indent=2,
             )
         )
-        (tmp / CONFIG_FILE).write_text(bert_config.replace(scan_layers=False).to_json())
+        (tmp / CONFIG_FILE).write_text(bert_config.portable().to_json())
         epath.Path(vocab_file).copy(tmp / VOCAB_FILE)
         checkpointer = ocp.PyTreeCheckpointer()
         checkpointer.save(
@@ -175,7 +175,7 @@ def write_workdir_info(
         WORKDIR_META_FILE: json.dumps(
             {"format_version": FORMAT_VERSION, "do_lower_case": bool(do_lower_case)}, indent=2
         ),
-        CONFIG_FILE: bert_config.replace(scan_layers=False).to_json(),
+        CONFIG_FILE: bert_config.portable().to_json(),
         VOCAB_FILE: epath.Path(vocab_file).read_text(),
         "config.json": config_json,
     }

@@ -505,7 +505,7 @@ def read_workdir(src: str) -> Converted:
     except checkpoint.CheckpointError as e:
         raise ConvertError(str(e)) from None
     _check_vocab(vocab_file, cfg, src, "encoder/embeddings/word_embeddings/embedding")
-    return Converted(params, cfg.replace(scan_layers=False), vocab_file, bool(do_lower_case))
+    return Converted(params, cfg.portable(), vocab_file, bool(do_lower_case))
 
 
 def detect_format(src: str) -> str:

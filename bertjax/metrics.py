@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax import cpu_gemm
 from bertjax.model import BertConfig
 
 # Dense peak FLOP/s of one device (bf16 on accelerators), by a substring of ``device_kind``.
@@ -38,30 +39,42 @@ PEAK_FLOPS = {
 
 
 def measure_matmul_flops(
-    size: int = 1024, min_seconds: float = 0.3, clock: Callable[[], float] = time.perf_counter
+    size: int = 1024,
+    min_seconds: float = 0.3,
+    clock: Callable[[], float] = time.perf_counter,
+    matmul: str = "xla",
 ) -> float:
     """The measured fp32 matmul ceiling of one local device, FLOP/s (about 0.5 s).
+
+    ``matmul`` is the engine the model uses (``BertConfig.matmul``): 'blas' times the MKL kernel
+    of cpu_gemm.py (one device), 'xla' XLA's own dot.
 
     Every local device multiplies a <float32>[size, size] matrix by itself at once, so devices
     that share a host's cores (XLA's fake CPU devices) share its ceiling instead of each
     claiming all of it. After a compile-and-warm-up call, the fastest of at least 3 calls
     lasting ``min_seconds`` in all counts: noise from other processes only slows a call.
     """
-    devices = jax.local_devices()
+    # The blas kernel only runs on a single-device process (cpu_gemm.resolve).
+    devices = jax.local_devices()[:1] if matmul == "blas" else jax.local_devices()
     sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
     matrices = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
-    matmul = jax.jit(lambda x: jnp.einsum("dij,djk->dik", x, x), out_shardings=sharding)
-    matmul(matrices).block_until_ready()
+    if matmul == "blas":
+        product = jax.jit(lambda x: cpu_gemm.dot(x, x))
+    else:
+        product = jax.jit(lambda x: jnp.einsum("dij,djk->dik", x, x), out_shardings=sharding)
+    product(matrices).block_until_ready()
     best, total, calls = float("inf"), 0.0, 0
     while total < min_seconds or calls < 3:
         start = clock()
-        matmul(matrices).block_until_ready()
+        product(matrices).block_until_ready()
         seconds = clock() - start
         best, total, calls = min(best, seconds), total + seconds, calls + 1
     return 2.0 * size**3 / best
 
 
-def peak_flops_per_device(configured: float, device_kind: str | None = None) -> tuple[float, str]:
+def peak_flops_per_device(
+    configured: float, device_kind: str | None = None, matmul: str = "xla"
+) -> tuple[float, str]:
     """(peak FLOP/s of one device, where it comes from), the denominator of MFU.
 
     ``configured`` (``config.train.peak_flops``) if > 0; else the table's dense peak for
@@ -74,8 +87,9 @@ def peak_flops_per_device(configured: float, device_kind: str | None = None) -> 
     for key, value in PEAK_FLOPS.items():
         if key.lower() in kind.lower():
             return value, f"dense peak of {key} from bertjax.metrics.PEAK_FLOPS ({kind})"
-    return measure_matmul_flops(), (
-        f"measured fp32 matmul ceiling of this {kind} device (set config.train.peak_flops "
+    engine = "MKL sgemm" if matmul == "blas" else "XLA dot"
+    return measure_matmul_flops(matmul=matmul), (
+        f"measured fp32 {engine} ceiling of this {kind} device (set config.train.peak_flops "
         "to use another peak)"
     )
 

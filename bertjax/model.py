@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from bertjax import cpu_gemm
 from bertjax import sharding as sh
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
@@ -68,6 +69,9 @@ class BertConfig:
     attention: str = "bidirectional"  # 'causal' for the paper's left-to-right ablation
     scan_layers: bool = False
     remat_policy: str = "none"
+    # 'blas': dense layers and the MLM decoder as vendor-BLAS GEMMs (one CPU device, float32);
+    # see cpu_gemm.py. A runtime choice like dtype: it changes speed, not the function computed.
+    matmul: str = "xla"
 
     def __post_init__(self):
         def check(cond, field, expected):
@@ -103,6 +107,9 @@ class BertConfig:
         check(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}")
         check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
+        check(self.matmul in cpu_gemm.MATMULS, "matmul", f"one of {cpu_gemm.MATMULS}")
+        if self.matmul == "blas":
+            check(self.dtype == "float32", "dtype", "'float32' with matmul='blas'")
 
     @property
     def head_dim(self) -> int:
@@ -126,6 +133,10 @@ class BertConfig:
 
     def replace(self, **changes) -> BertConfig:
         return dataclasses.replace(self, **changes)
+
+    def portable(self) -> BertConfig:
+        """The form written beside weights: unscanned layout, XLA matmuls (readers pick theirs)."""
+        return self.replace(scan_layers=False, matmul="xla")
 
 
 # Model sizes. "base"/"large" are the paper's BERT-BASE and BERT-LARGE; "L{l}_H{h}_A{a}" are the
@@ -228,6 +239,10 @@ class Dense(nn.Module):
             _dtype(cfg.param_dtype),
         )
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=_dtype(cfg.dtype))
+        if cfg.matmul == "blas":
+            batch_shape, contracted = x.shape[: x.ndim - self.contract_dims], math.prod(in_shape)
+            y = cpu_gemm.dot(x.reshape(-1, contracted), kernel.reshape(contracted, -1))
+            return y.reshape(*batch_shape, *self.features) + bias
         x_dims = tuple(range(x.ndim - self.contract_dims, x.ndim))
         y = jax.lax.dot_general(x, kernel, ((x_dims, tuple(range(self.contract_dims))), ((), ())))
         return y + bias
@@ -359,6 +374,10 @@ class Embeddings(nn.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Tied decoder: <dtype>[..., H] -> <dtype>[..., V] logits against the token embedding."""
+        if self.config.matmul == "blas":
+            embedding = self.word_embeddings.embedding  # <V, H>
+            logits = cpu_gemm.dot(x.reshape(-1, x.shape[-1]), embedding, trans_b=True)
+            return logits.reshape(*x.shape[:-1], embedding.shape[0])
         return self.word_embeddings.attend(x)
 
 

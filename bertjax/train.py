@@ -34,7 +34,7 @@ import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax import losses
+from bertjax import cpu_gemm, losses
 from bertjax import sharding as sh
 from bertjax.model import BertConfig
 
@@ -66,7 +66,10 @@ class StepConfig:
 
 
 def bert_config_from(config) -> BertConfig:
-    return BertConfig.from_dict(config.model.to_dict(), source="config.model")
+    """``config.model`` as a BertConfig, ``matmul='auto'`` resolved for this process's devices."""
+    values = config.model.to_dict()
+    values["matmul"] = cpu_gemm.resolve(values["matmul"])
+    return BertConfig.from_dict(values, source="config.model")
 
 
 def step_config_from(config) -> StepConfig:

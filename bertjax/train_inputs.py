@@ -49,6 +49,11 @@ def check_config(config, bert_config: BertConfig, mesh: Mesh, process_count: int
         raise ValueError(
             f"config.train.global_batch_size={batch} is not divisible by {process_count} processes"
         )
+    if bert_config.matmul == "blas" and mesh.size > 1:
+        raise ValueError(
+            f"config.model.matmul='blas' runs on one CPU device, the mesh has {mesh.size} "
+            "(use 'auto' or 'xla')"
+        )
     length = int(config.data.max_seq_length)
     if length > bert_config.max_position_embeddings:
         raise ValueError(

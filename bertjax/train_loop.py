@@ -182,7 +182,9 @@ class _Loop:
         self.offset, self.rng_data = offset, rng_data
         self.num_steps = int(config.train.num_steps)
         self.length = int(config.data.max_seq_length)
-        peak, source = metrics_lib.peak_flops_per_device(float(config.train.peak_flops))
+        peak, source = metrics_lib.peak_flops_per_device(
+            float(config.train.peak_flops), matmul=bert_config.matmul
+        )
         self.peak_total = peak * jax.device_count()
         if jax.process_index() == 0:
             print(f"mfu vs {peak / 1e9:.1f} GFLOP/s per device: {source}", flush=True)

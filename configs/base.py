@@ -36,6 +36,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.attention = "bidirectional"  # 'causal' = the paper's left-to-right ablation
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
+    # auto | xla | blas. 'blas' runs dense layers and the MLM decoder as MKL GEMMs (XLA FFI, one
+    # CPU device, float32; bertjax/cpu_gemm.py); 'auto' picks it on a single-device CPU run.
+    config.model.matmul = "auto"
 
     # ---- data (owner: input_pipeline.py; batch contract in its docstring) ----
     config.data = ml_collections.ConfigDict()

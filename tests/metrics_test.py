@@ -111,9 +111,12 @@ def test_peak_flops_from_config_or_table():
     assert peak == 989e12 and "H100" in source
 
 
-def test_cpu_peak_is_the_measured_matmul_ceiling():
-    peak, source = metrics.peak_flops_per_device(0.0)  # tests run on CPU devices
-    assert source.startswith("measured fp32 matmul ceiling")
+@pytest.mark.parametrize("matmul", ["xla", "blas"])
+def test_cpu_peak_is_the_measured_matmul_ceiling(matmul):
+    # tests run on CPU devices; the ceiling is that of the engine the model's matmuls use
+    peak, source = metrics.peak_flops_per_device(0.0, matmul=matmul)
+    engine = "MKL sgemm" if matmul == "blas" else "XLA dot"
+    assert source.startswith(f"measured fp32 {engine} ceiling")
     assert 1e8 < peak < 1e14, peak  # 0.1 GFLOP/s .. 100 TFLOP/s: a FLOP/s figure for one device
 
 

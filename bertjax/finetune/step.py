@@ -115,6 +115,11 @@ class Runner:
         self.task, self.model, self.config = task, model, config
         self.mesh = sh.create_mesh(config.mesh.shape, devices)
         self.rules = sh.normalize_rules(config.mesh.rules)
+        if model.config.matmul == "blas" and self.mesh.size > 1:
+            raise FinetuneInputError(
+                f"config.model.matmul='blas' runs on one CPU device, the mesh has "
+                f"{self.mesh.size} (use 'auto' or 'xla')"
+            )
         shards = sh.num_batch_shards(self.mesh)
         for name in ("batch_size", "eval_batch_size"):
             if config[name] % shards:

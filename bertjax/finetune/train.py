@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 from flax import linen as nn
 
-from bertjax import checkpoint, convert, heads
+from bertjax import checkpoint, convert, cpu_gemm, heads
 from bertjax.finetune import tasks
 from bertjax.finetune.step import Runner, model_input_specs
 from bertjax.finetune.tasks import FinetuneInputError
@@ -43,7 +43,15 @@ _MODEL_OVERRIDES = (
     "dtype",
     "scan_layers",
     "remat_policy",
+    "matmul",
 )
+
+
+def model_overrides(config) -> dict:
+    """The ``config.model`` fields a fine-tuning run sets on the checkpoint's BertConfig."""
+    overrides = {k: config.model[k] for k in _MODEL_OVERRIDES}
+    overrides["matmul"] = cpu_gemm.resolve(overrides["matmul"])
+    return overrides
 
 
 def load_checkpoint(config) -> tuple[dict, BertConfig, str, bool]:
@@ -61,7 +69,7 @@ def load_checkpoint(config) -> tuple[dict, BertConfig, str, bool]:
             f"{config.init_checkpoint}: checkpoint hidden size {conv.config.hidden_size} != "
             f"config.model.hidden_size={config.model.hidden_size}"
         )
-    bert_config = conv.config.replace(**{k: config.model[k] for k in _MODEL_OVERRIDES})
+    bert_config = conv.config.replace(**model_overrides(config))
     params = conv.params
     if bert_config.scan_layers:
         from bertjax.model import stack_layers
@@ -197,7 +205,7 @@ def _prepare(config, checkpoint_path: str | None = None):
         pretrained, bert_config, vocab_file, lower = load_checkpoint(config)
     else:
         pretrained, bert_config, meta = checkpoint.load_params(checkpoint_path)
-        bert_config = bert_config.replace(**{k: config.model[k] for k in _MODEL_OVERRIDES})
+        bert_config = bert_config.replace(**model_overrides(config))
         vocab_file, lower = (
             os.path.join(checkpoint_path, checkpoint.VOCAB_FILE),
             meta["do_lower_case"],

@@ -1,0 +1,184 @@
+"""fp32 matmuls on XLA:CPU through a vendor BLAS (MKL), as an XLA FFI custom call.
+
+Why: on CPU, XLA's own dot kernels reach ~2/3 of MKL's sgemm on BERT's shapes, and dots are most
+of a CPU train step (docs/benchmarks.md). ``model.matmul = 'blas'`` routes the encoder's dense
+layers and the tied MLM decoder through :func:`dot`; everything else stays in XLA.
+
+Contract of :func:`dot` (differentiable, jit-able, abstract-evaluable)::
+
+    dot(a, b, trans_a=False, trans_b=False) -> op(a) . op(b)
+    a <float32>[M, K] (or [K, M] with trans_a), b <float32>[K, N] (or [N, K] with trans_b)
+    -> <float32>[M, N]; rank-3 operands with a shared leading batch dim give <float32>[G, M, N].
+
+It runs on one CPU device only: XLA cannot partition the custom call, so under a multi-device
+mesh it would gather whole operands. :func:`resolve` turns ``model.matmul = 'auto'`` into
+``'blas'`` only for a single-device CPU process with the kernel available, else ``'xla'``.
+
+The kernel (``cpu_gemm.cc``, shipped with the package) is compiled on first use with the system
+C++ compiler (``$CXX``, else ``c++``/``g++``) against jaxlib's FFI headers and cached in
+``$BERTJAX_CACHE_DIR`` (default ``~/.cache/bertjax``), keyed by the source, the jaxlib version,
+the compiler and its flags. MKL comes from
+the ``mkl`` wheel (a dependency on x86-64 Linux) with its sequential threading layer: the
+kernel splits each GEMM over XLA's intra-op threads itself. If either is missing,
+:func:`available` is False with the reason in :func:`unavailable_reason`, and 'auto' uses XLA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+MATMULS = ("xla", "blas")
+_TARGET = "bertjax_sgemm"
+_SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
+_MKL_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL of mkl_service.h
+
+
+class KernelUnavailable(RuntimeError):
+    """The BLAS kernel cannot be built or loaded here; the message says why."""
+
+
+def _cache_dir() -> pathlib.Path:
+    default = pathlib.Path.home() / ".cache" / "bertjax"
+    return pathlib.Path(os.environ.get("BERTJAX_CACHE_DIR", default))
+
+
+def _compile() -> pathlib.Path:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
+    flags = ["-O3", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    identity = [_SOURCE.read_text(), jaxlib.__version__, version, *flags]
+    key = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_gemm-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename into place: a concurrent or killed build never leaves a
+    # half-written library under the cached name.
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = pathlib.Path(tmp) / target.name
+        cmd = [compiler, *flags, str(_SOURCE), "-o", str(built)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelUnavailable(f"compiling {_SOURCE} failed:\n{result.stderr[-2000:]}")
+        os.replace(built, target)
+    return target
+
+
+def _mkl_library() -> ctypes.CDLL:
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise KernelUnavailable("the 'mkl' package is not installed") from None
+    paths = [f.locate() for f in files if f.name.startswith("libmkl_rt.so")]
+    if not paths:
+        raise KernelUnavailable("the 'mkl' package has no libmkl_rt.so")
+    mkl = ctypes.CDLL(str(paths[0]))
+    # Must precede any other MKL call: one thread per sgemm, XLA's pool supplies the rest.
+    mkl.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_SEQUENTIAL))
+    return mkl
+
+
+@functools.cache
+def _load() -> str | None:
+    """Builds, loads and registers the kernel once; the reason it is unavailable, or None."""
+    if sys.platform != "linux":
+        return f"the BLAS kernel is built for Linux only (this is {sys.platform})"
+    try:
+        mkl = _mkl_library()
+        kernel = ctypes.CDLL(str(_compile()))
+    except (KernelUnavailable, OSError) as e:
+        return str(e)
+    kernel.bertjax_set_sgemm(ctypes.cast(mkl.cblas_sgemm, ctypes.c_void_p))
+    _load.libraries = (mkl, kernel)  # keep both loaded for the life of the process
+    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(kernel.BertjaxSgemm), platform="cpu")
+    return None
+
+
+def available() -> bool:
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    return _load()
+
+
+def resolve(matmul: str, num_devices: int | None = None) -> str:
+    """``'auto'`` -> 'blas' on a single-device CPU process with the kernel available, else 'xla'.
+
+    ``'xla'`` and ``'blas'`` pass through; 'blas' is checked to be loadable.
+    """
+    if matmul not in (*MATMULS, "auto"):
+        raise ValueError(f"model.matmul={matmul!r}: expected one of {(*MATMULS, 'auto')}")
+    if num_devices is None:
+        num_devices = jax.device_count()
+    if matmul == "auto":
+        single_cpu = jax.default_backend() == "cpu" and num_devices == 1
+        return "blas" if single_cpu and available() else "xla"
+    if matmul == "blas" and jax.default_backend() != "cpu":
+        raise ValueError(f"model.matmul='blas' runs on CPU, this is {jax.default_backend()}")
+    if matmul == "blas" and not available():
+        raise ValueError(f"model.matmul='blas': {unavailable_reason()}")
+    return matmul
+
+
+def _gemm(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:
+    if not available():
+        raise RuntimeError(f"bertjax BLAS kernel: {unavailable_reason()}")
+    m = a.shape[-1] if trans_a else a.shape[-2]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    out = jax.ShapeDtypeStruct((*a.shape[:-2], m, n), jnp.float32)
+    call = jax.ffi.ffi_call(_TARGET, out)
+    return call(a, b, trans_a=int(trans_a), trans_b=int(trans_b))
+
+
+def _check(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> None:
+    if a.dtype != jnp.float32 or b.dtype != jnp.float32:
+        raise TypeError(f"cpu_gemm.dot takes float32 operands, got {a.dtype} and {b.dtype}")
+    if a.ndim not in (2, 3) or b.ndim != a.ndim or a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(f"cpu_gemm.dot: operands {a.shape} and {b.shape} are not both rank 2 or 3")
+    k_a = a.shape[-2] if trans_a else a.shape[-1]
+    k_b = b.shape[-1] if trans_b else b.shape[-2]
+    if k_a != k_b:
+        raise ValueError(f"cpu_gemm.dot: contracting dims differ ({a.shape}, {b.shape})")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dot(a, b, trans_a, trans_b):
+    return _gemm(a, b, trans_a, trans_b)
+
+
+def _dot_fwd(a, b, trans_a, trans_b):
+    return _gemm(a, b, trans_a, trans_b), (a, b)
+
+
+def _dot_bwd(trans_a, trans_b, residuals, g):
+    # c = op(a) op(b). The gradient of op(a) is g op(b)^T and of op(b) is op(a)^T g; a stored
+    # transposed gets the transpose of that product, which is again one GEMM with swapped operands.
+    a, b = residuals
+    da = _gemm(b, g, trans_b, True) if trans_a else _gemm(g, b, False, not trans_b)
+    db = _gemm(g, a, True, trans_a) if trans_b else _gemm(a, g, not trans_a, False)
+    return da, db
+
+
+_dot.defvjp(_dot_fwd, _dot_bwd)
+
+
+def dot(a: jax.Array, b: jax.Array, trans_a: bool = False, trans_b: bool = False) -> jax.Array:
+    """``op(a) . op(b)`` on the BLAS kernel; see the module docstring for shapes."""
+    _check(a, b, trans_a, trans_b)
+    return _dot(a, b, bool(trans_a), bool(trans_b))
