@@ -1,5 +1,9 @@
 """fp32 GEMM rates on BERT's shapes: XLA's dot vs bertjax's MKL kernel (cpu_gemm.py), with numpy
-(OpenBLAS) and PyTorch (MKL) beside them when installed. One process, interleaved rounds, medians.
+(OpenBLAS) and PyTorch (MKL) beside them when installed. One process, medians.
+
+Each engine is timed in blocks of consecutive calls after a pause, alternating engines block by
+block: numpy's and PyTorch's thread pools spin for a while after a call, which would steal the
+cores from whichever engine ran next if single calls were interleaved.
 
     python bench/gemm_bench.py                 # the shapes of the benchmark workloads
     python bench/gemm_bench.py --rounds=15
@@ -51,12 +55,14 @@ def _engines(a: np.ndarray, b: np.ndarray) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=5, help="calls per block")
+    parser.add_argument("--blocks", type=int, default=3, help="blocks per engine")
     args = parser.parse_args()
     if not cpu_gemm.available():
         print(f"bertjax blas kernel unavailable: {cpu_gemm.unavailable_reason()}")
     rng = np.random.default_rng(0)
-    print(f"GFLOP/s, median of {args.rounds} interleaved rounds (jax {jax.__version__})")
+    calls = args.rounds * args.blocks
+    print(f"GFLOP/s, median of {calls} calls in {args.blocks} blocks (jax {jax.__version__})")
     header = None
     for name, (m, k, n) in SHAPES.items():
         a = rng.standard_normal((m, k)).astype(np.float32)
@@ -68,11 +74,14 @@ def main():
         for run in engines.values():
             run()  # compile / warm up
         times = {e: [] for e in engines}
-        for _ in range(args.rounds):
+        for _ in range(args.blocks):
             for e, run in engines.items():
-                start = time.perf_counter()
+                time.sleep(0.5)  # let the previous engine's threads go idle
                 run()
-                times[e].append(time.perf_counter() - start)
+                for _ in range(args.rounds):
+                    start = time.perf_counter()
+                    run()
+                    times[e].append(time.perf_counter() - start)
         rate = {e: 2 * m * k * n / statistics.median(t) / 1e9 for e, t in times.items()}
         ratio = rate["bertjax blas"] / rate["xla dot"] if "bertjax blas" in rate else float("nan")
         cells = " | ".join(f"{rate[e]:.0f}" if e in rate else "-" for e in header)
