@@ -69,6 +69,8 @@ FEATURES = (
     "next_sentence_labels",
     "example_weight",
 )
+# What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
+STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
 
 
 def num_predictions(data_config) -> int:

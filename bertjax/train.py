@@ -34,19 +34,12 @@ import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax import cpu_gemm, losses
+from bertjax import cpu_gemm, input_pipeline, losses
 from bertjax import sharding as sh
 from bertjax.model import BertConfig
 
-BATCH_KEYS = (
-    "input_ids",
-    "segment_ids",
-    "input_mask",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_labels",
-)
+# The batch contract's keys (input_pipeline imports neither TensorFlow nor JAX at import time).
+BATCH_KEYS = input_pipeline.STEP_FEATURES
 
 
 class TrainState(flax.struct.PyTreeNode):

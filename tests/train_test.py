@@ -2,6 +2,7 @@
 
 import functools
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -182,3 +183,14 @@ def test_batch_shape_mismatch_is_reported():
     batch = next(train_inputs.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS + 1, 0, 0))
     with pytest.raises(ValueError, match="masked_lm_positions has shape"):
         train_inputs.check_batch(batch, config, BATCH)
+
+
+def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
+    # The step's batch keys are the original run_pretraining.py feature names (the batch
+    # contract), taken from input_pipeline without making the step's module import TensorFlow.
+    original = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+                "masked_lm_weights", "next_sentence_labels")  # fmt: skip
+    assert train.BATCH_KEYS == original
+    script = "import sys, bertjax.train; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
