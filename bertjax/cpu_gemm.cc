@@ -18,7 +18,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -131,7 +130,9 @@ ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) void bertjax_set_sgemm(void* fn) { g_sgemm.store(reinterpret_cast<SgemmFn>(fn)); }
+extern "C" __attribute__((visibility("default"))) void bertjax_set_sgemm(void* fn) {
+  g_sgemm.store(reinterpret_cast<SgemmFn>(fn));
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BertjaxSgemm, Gemm,
                               ffi::Ffi::Bind()

@@ -44,6 +44,7 @@ MATMULS = ("xla", "blas")
 _TARGET = "bertjax_sgemm"
 _SOURCE = pathlib.Path(__file__).with_name("cpu_gemm.cc")
 _MKL_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL of mkl_service.h
+_LOADED: list[ctypes.CDLL] = []  # MKL and the kernel, kept loaded for the life of the process
 
 
 class KernelUnavailable(RuntimeError):
@@ -104,7 +105,7 @@ def _load() -> str | None:
     except (KernelUnavailable, OSError) as e:
         return str(e)
     kernel.bertjax_set_sgemm(ctypes.cast(mkl.cblas_sgemm, ctypes.c_void_p))
-    _load.libraries = (mkl, kernel)  # keep both loaded for the life of the process
+    _LOADED.extend((mkl, kernel))
     jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(kernel.BertjaxSgemm), platform="cpu")
     return None
 
@@ -134,6 +135,16 @@ def resolve(matmul: str, num_devices: int | None = None) -> str:
     if matmul == "blas" and not available():
         raise ValueError(f"model.matmul='blas': {unavailable_reason()}")
     return matmul
+
+
+def mesh_error(matmul: str, mesh_size: int) -> str | None:
+    """Why ``matmul`` cannot run on a mesh of ``mesh_size`` devices, or None if it can."""
+    if matmul == "blas" and mesh_size > 1:
+        return (
+            f"config.model.matmul='blas' runs on one CPU device, the mesh has {mesh_size} "
+            "(use 'auto' or 'xla')"
+        )
+    return None
 
 
 def _gemm(a: jax.Array, b: jax.Array, trans_a: bool, trans_b: bool) -> jax.Array:

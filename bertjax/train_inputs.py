@@ -19,6 +19,7 @@ import numpy as np
 from etils import epath
 from jax.sharding import Mesh
 
+from bertjax import cpu_gemm
 from bertjax import sharding as sh
 from bertjax.model import BertConfig
 from bertjax.train import BATCH_KEYS
@@ -49,11 +50,8 @@ def check_config(config, bert_config: BertConfig, mesh: Mesh, process_count: int
         raise ValueError(
             f"config.train.global_batch_size={batch} is not divisible by {process_count} processes"
         )
-    if bert_config.matmul == "blas" and mesh.size > 1:
-        raise ValueError(
-            f"config.model.matmul='blas' runs on one CPU device, the mesh has {mesh.size} "
-            "(use 'auto' or 'xla')"
-        )
+    if error := cpu_gemm.mesh_error(bert_config.matmul, mesh.size):
+        raise ValueError(error)
     length = int(config.data.max_seq_length)
     if length > bert_config.max_position_embeddings:
         raise ValueError(

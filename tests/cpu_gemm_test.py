@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from bertjax import checkpoint, convert, cpu_gemm, train_inputs
 from bertjax import sharding as sh
@@ -22,6 +21,7 @@ from bertjax.heads import BertForPreTraining
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "configs"))
 import base as base_config  # noqa: E402
+from heads_test import hf_pretraining_dir, pretraining_inputs  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("cpu_gemm")
 
@@ -132,27 +132,11 @@ def test_checkpoint_config_is_portable(tmp_path):
 
 
 def test_pretraining_outputs_and_gradients_match_hf(tmp_path):
-    torch.manual_seed(0)
-    hf = transformers.BertForPreTraining(
-        transformers.BertConfig(
-            vocab_size=40,
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=32,
-            max_position_embeddings=16,
-        )  # fmt: skip
-    ).eval()
-    hf.save_pretrained(tmp_path)
-    (tmp_path / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(40)))
+    hf = hf_pretraining_dir(tmp_path, "gelu")
     conv = convert.load(str(tmp_path), do_lower_case=True)
     cfg = conv.config.replace(matmul="blas", hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(5, 40, (2, 10)).astype(np.int32)
-    segments = (np.arange(10)[None].repeat(2, 0) >= 6).astype(np.int32)
-    mask = np.ones_like(ids)
-    mask[1, 7:] = 0
-    positions = np.array([[1, 4, 8], [2, 3, 6]], np.int32)
+    ids, segments, mask, positions = pretraining_inputs()
+    rng = np.random.default_rng(1)
     mlm_weights = rng.standard_normal((2, 3, 40)).astype(np.float32)
     nsp_weights = rng.standard_normal((2, 2)).astype(np.float32)
 

@@ -18,7 +18,8 @@ TINY_HF = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention
                intermediate_size=32, max_position_embeddings=16)  # fmt: skip
 
 
-def _hf_pretraining_dir(tmp_path, hidden_act: str):
+def hf_pretraining_dir(tmp_path, hidden_act: str):
+    """A random HF BertForPreTraining of TINY_HF saved (with a vocab) to ``tmp_path``; returned."""
     torch.manual_seed(0)
     hf_model = transformers.BertForPreTraining(
         transformers.BertConfig(hidden_act=hidden_act, **TINY_HF)
@@ -28,16 +29,22 @@ def _hf_pretraining_dir(tmp_path, hidden_act: str):
     return hf_model
 
 
-@pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
-def test_pretraining_logits_match_hf(tmp_path, hidden_act):
-    hf_model = _hf_pretraining_dir(tmp_path, hidden_act)
-    conv = convert.load(str(tmp_path), do_lower_case=True)
+def pretraining_inputs():
+    """ids, segment ids, mask (row 1 padded from 7) <int32>[2, 10] and positions <int32>[2, 3]."""
     rng = np.random.default_rng(0)
-    ids = rng.integers(5, 40, (2, 10)).astype(np.int32)
+    ids = rng.integers(5, TINY_HF["vocab_size"], (2, 10)).astype(np.int32)
     segments = (np.arange(10)[None].repeat(2, 0) >= 6).astype(np.int32)
     mask = np.ones_like(ids)
     mask[1, 7:] = 0
     positions = np.array([[1, 4, 8], [2, 3, 6]], np.int32)
+    return ids, segments, mask, positions
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
+def test_pretraining_logits_match_hf(tmp_path, hidden_act):
+    hf_model = hf_pretraining_dir(tmp_path, hidden_act)
+    conv = convert.load(str(tmp_path), do_lower_case=True)
+    ids, segments, mask, positions = pretraining_inputs()
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor(ids, dtype=torch.long),
                        token_type_ids=torch.tensor(segments, dtype=torch.long),

@@ -26,7 +26,7 @@ import optax
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import losses, optimizer
+from bertjax import cpu_gemm, losses, optimizer
 from bertjax import sharding as sh
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.train import put_global
@@ -115,11 +115,8 @@ class Runner:
         self.task, self.model, self.config = task, model, config
         self.mesh = sh.create_mesh(config.mesh.shape, devices)
         self.rules = sh.normalize_rules(config.mesh.rules)
-        if model.config.matmul == "blas" and self.mesh.size > 1:
-            raise FinetuneInputError(
-                f"config.model.matmul='blas' runs on one CPU device, the mesh has "
-                f"{self.mesh.size} (use 'auto' or 'xla')"
-            )
+        if error := cpu_gemm.mesh_error(model.config.matmul, self.mesh.size):
+            raise FinetuneInputError(error)
         shards = sh.num_batch_shards(self.mesh)
         for name in ("batch_size", "eval_batch_size"):
             if config[name] % shards:
