@@ -1,8 +1,9 @@
 """fp32 matmuls on XLA:CPU through a vendor BLAS (MKL), as an XLA FFI custom call.
 
-Why: on CPU, XLA's own dot kernels reach ~2/3 of MKL's sgemm on BERT's shapes, and dots are most
-of a CPU train step (docs/benchmarks.md). ``model.matmul = 'blas'`` routes the encoder's dense
-layers and the tied MLM decoder through :func:`dot`; everything else stays in XLA.
+Why: on CPU, XLA's own dot kernels reach 0.75-1.0x of MKL's sgemm on BERT's shapes
+(``bench/gemm_bench.py``), and dots are most of a CPU train step (docs/benchmarks.md).
+``model.matmul = 'blas'`` routes the encoder's dense layers and the tied MLM decoder through
+:func:`dot`; everything else stays in XLA.
 
 Contract of :func:`dot` (differentiable, jit-able, abstract-evaluable)::
 
