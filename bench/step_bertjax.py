@@ -1,13 +1,17 @@
 """bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
 
 # venv: bertjax
-# variants: jit xla
+# variants: jit xla defaultmalloc
 
 Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
 While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
 Variants: ``jit`` is the default configuration (``model.matmul='auto'``, which on this one-device
 CPU process is the MKL GEMM kernel of bertjax/cpu_gemm.py when it is available); ``xla`` pins
-``model.matmul='xla'`` (XLA's own dot kernels) for the side-by-side comparison.
+``model.matmul='xla'`` (XLA's own dot kernels) for the side-by-side comparison. Like ``python -m
+bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
+large blocks (``bertjax.cpu_malloc.reexec_with_huge_pages``: XLA's per-step temporary buffer then
+faults in 2 MiB pages, not 4 KiB ones), except ``defaultmalloc``, which is ``jit`` with glibc's
+defaults, to show what that is worth.
 build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
 jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
   * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
@@ -111,7 +115,12 @@ def main():
     w = common.load_workload(args.workload)
     impl = f"bertjax-{args.variant}"
     try:
-        step = build_step(w, args.variant)
+        from bertjax import cpu_malloc
+
+        if args.variant != "defaultmalloc":
+            cpu_malloc.reexec_with_huge_pages()  # what `python -m bertjax.main` does first
+        malloc = cpu_malloc.status()
+        step = build_step(w, "jit" if args.variant == "defaultmalloc" else args.variant)
     except (ImportError, NotImplementedError) as e:
         common.emit_skip("step", impl, f"{type(e).__name__}: {e}", w["name"])
         return 3
@@ -135,7 +144,7 @@ def main():
         meas,
         losses,
         versions,
-        notes=f"first step includes jit compile; matmul={step.matmul}",
+        notes=f"first step includes jit compile; matmul={step.matmul}; {malloc}",
         extra={"compile_s": first},
     )
     return 0

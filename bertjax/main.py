@@ -14,7 +14,7 @@ import os
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli
+from bertjax import cli, cpu_malloc
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
@@ -64,6 +64,7 @@ def _train(flag_values: flags.FlagValues) -> None:
     if not flag_values["verbosity"].present:
         # Orbax logs every save at INFO; the user's view is the one-line-per-log_every output.
         logging.set_verbosity(logging.WARNING)
+    logging.info("%s", cpu_malloc.status())
     _hide_accelerators_from_tensorflow()
     _initialize_distributed()
     from bertjax import train_loop  # noqa: PLC0415 - after distributed init
@@ -72,5 +73,6 @@ def _train(flag_values: flags.FlagValues) -> None:
 
 
 if __name__ == "__main__":
+    cpu_malloc.reexec_with_huge_pages()  # once, before any work (see bertjax.cpu_malloc)
     # Config and input errors (ValueError, checkpoint.CheckpointError) and a non-finite step.
     cli.run(_train, errors=(ValueError, FloatingPointError))

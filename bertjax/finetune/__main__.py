@@ -11,6 +11,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import cpu_malloc
 from bertjax.checkpoint import CheckpointError
 from bertjax.convert import ConvertError
 from bertjax.finetune.tasks import FinetuneInputError
@@ -27,6 +28,7 @@ MODES = ("train", "predict", "sweep")
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.info("%s", cpu_malloc.status())
     from bertjax.finetune import sweep, train
 
     config, workdir = _CONFIG.value, _WORKDIR.value
@@ -46,4 +48,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    cpu_malloc.reexec_with_huge_pages()  # once, before any work (see bertjax.cpu_malloc)
     app.run(main)
