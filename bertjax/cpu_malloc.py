@@ -84,15 +84,20 @@ def skip_reason(environ=os.environ) -> str | None:
     return f"accelerator plugin {plugin} installed" if plugin else None
 
 
-def requested(environ=os.environ) -> bool:
-    """Whether this process started with the tunable in ``GLIBC_TUNABLES``."""
-    return TUNABLE in environ.get("GLIBC_TUNABLES", "").split(":")
+def user_setting(environ=os.environ) -> str | None:
+    """The ``glibc.malloc.hugetlb=...`` entry of ``GLIBC_TUNABLES``, if any (ours or the user's)."""
+    name = TUNABLE.split("=")[0]
+    entries = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t.split("=")[0] == name]
+    return entries[-1] if entries else None
 
 
 def status(environ=os.environ) -> str:
     """One line for the log: what this process's malloc does with large blocks."""
-    if requested(environ):
+    setting = user_setting(environ)
+    if setting == TUNABLE:
         return f"malloc: transparent huge pages for large blocks (GLIBC_TUNABLES={TUNABLE})"
+    if setting is not None:
+        return f"malloc: GLIBC_TUNABLES sets {setting} (left as set)"
     return f"malloc: glibc defaults ({skip_reason(environ) or 'not re-executed'})"
 
 
@@ -100,10 +105,13 @@ def reexec_with_huge_pages(environ=os.environ) -> None:
     """Re-executes this command line with :data:`TUNABLE` added, once; returns where it does not.
 
     Call it before any work (the process image is replaced). Where :func:`skip_reason` gives a
-    reason, or the tunable is already set, or the command line is unknown, it returns.
+    reason, or ``GLIBC_TUNABLES`` already sets ``glibc.malloc.hugetlb`` (to any value: a user's
+    choice is kept), or the command line is unknown, it returns.
     """
     argv = getattr(sys, "orig_argv", None)
-    if requested(environ) or skip_reason(environ) is not None or not argv or not sys.executable:
+    if user_setting(environ) is not None or skip_reason(environ) is not None:
+        return
+    if not argv or not sys.executable:
         return
     tunables = environ.get("GLIBC_TUNABLES", "")
     env = dict(environ, GLIBC_TUNABLES=f"{tunables}:{TUNABLE}" if tunables else TUNABLE)

@@ -83,6 +83,13 @@ def test_reexec_once_keeping_other_tunables_and_pid():
     assert status.startswith("malloc: transparent huge pages")
 
 
+@needs_huge_pages
+def test_a_users_hugetlb_setting_is_kept():
+    (start, _, before), (run, _, status) = _lines(_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))
+    assert (start, before, run) == ("start", "glibc.malloc.hugetlb=0", "run")
+    assert status == "malloc: GLIBC_TUNABLES sets glibc.malloc.hugetlb=0 (left as set)"
+
+
 def test_no_reexec_when_turned_off():
     (start, _, before), (run, _, status) = _lines(_env(BERTJAX_CPU_MALLOC="0"))
     assert (start, before, run) == ("start", "None", "run")
