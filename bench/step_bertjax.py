@@ -11,7 +11,8 @@ CPU process is the MKL GEMM kernel of bertjax/cpu_gemm.py when it is available);
 bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
 large blocks (``bertjax.cpu_malloc.reexec_with_huge_pages``: XLA's per-step temporary buffer then
 faults in 2 MiB pages, not 4 KiB ones), except ``defaultmalloc``, which is ``jit`` with glibc's
-defaults, to show what that is worth.
+defaults, to show what that is worth. The notes give the median minor page faults and system CPU
+seconds per measured step (``getrusage``), where that difference shows.
 build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
 jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
   * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
@@ -23,6 +24,8 @@ jitted once with donated state, one CPU device), keeping the contract shared by 
 """
 
 import argparse
+import resource
+import statistics
 import sys
 
 import common
@@ -98,10 +101,15 @@ def build_step(w, variant):
     holder = {"state": state}
 
     def step():
+        before = resource.getrusage(resource.RUSAGE_SELF)
         holder["state"], metrics = step_fn(holder["state"], batch, rng)
-        return float(metrics["loss_sum"])
+        loss = float(metrics["loss_sum"])
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        step.rusage.append((after.ru_minflt - before.ru_minflt, after.ru_stime - before.ru_stime))
+        return loss
 
     step.matmul = bert_config.matmul
+    step.rusage = []  # (minor page faults, system CPU s) of each call
     return step
 
 
@@ -131,6 +139,9 @@ def main():
 
     import bertjax
 
+    measured = step.rusage[-n:] if n else [(0, 0.0)]
+    faults = statistics.median(f for f, _ in measured)
+    sys_s = statistics.median(s for _, s in measured)
     versions = {
         "jax": jax.__version__,
         "bertjax": getattr(bertjax, "__version__", "?"),
@@ -144,7 +155,10 @@ def main():
         meas,
         losses,
         versions,
-        notes=f"first step includes jit compile; matmul={step.matmul}; {malloc}",
+        notes=(
+            f"first step includes jit compile; matmul={step.matmul}; {malloc}; per measured step "
+            f"(median): {faults:.0f} minor page faults, {sys_s:.2f} s system CPU"
+        ),
         extra={"compile_s": first},
     )
     return 0

@@ -64,7 +64,6 @@ def _train(flag_values: flags.FlagValues) -> None:
     if not flag_values["verbosity"].present:
         # Orbax logs every save at INFO; the user's view is the one-line-per-log_every output.
         logging.set_verbosity(logging.WARNING)
-    logging.info("%s", cpu_malloc.status())
     _hide_accelerators_from_tensorflow()
     _initialize_distributed()
     from bertjax import train_loop  # noqa: PLC0415 - after distributed init

@@ -37,7 +37,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import checkpoint, optimizer, train, train_inputs
+from bertjax import checkpoint, cpu_malloc, optimizer, train, train_inputs
 from bertjax import metrics as metrics_lib
 from bertjax import sharding as sh
 from bertjax.heads import BertForPreTraining
@@ -188,6 +188,8 @@ class _Loop:
         self.peak_total = peak * jax.device_count()
         if jax.process_index() == 0:
             print(f"mfu vs {peak / 1e9:.1f} GFLOP/s per device: {source}", flush=True)
+            if jax.default_backend() == "cpu":
+                print(cpu_malloc.status(), flush=True)
         self.flops_per_sequence = metrics_lib.train_flops_per_sequence(
             bert_config, self.length, int(config.data.max_predictions_per_seq)
         )
