@@ -32,7 +32,8 @@ import pkgutil
 import platform
 import sys
 
-TUNABLE = "glibc.malloc.hugetlb=1"
+TUNABLE_NAME = "glibc.malloc.hugetlb"
+TUNABLE = f"{TUNABLE_NAME}=1"
 ENV_SWITCH = "BERTJAX_CPU_MALLOC"
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 _ACCELERATORS = ("tpu", "cuda", "gpu", "rocm", "metal")
@@ -73,7 +74,7 @@ def skip_reason(environ=os.environ) -> str | None:
     if sys.platform != "linux" or libc != "glibc":
         return f"not Linux/glibc ({sys.platform}, {libc or 'unknown libc'})"
     if tuple(int(x) for x in version.split(".")[:2] if x.isdigit()) < (2, 35):
-        return f"glibc {version} < 2.35 has no {TUNABLE.split('=')[0]}"
+        return f"glibc {version} < 2.35 has no {TUNABLE_NAME}"
     if (mode := transparent_huge_pages()) not in ("always", "madvise"):
         return f"transparent huge pages are {mode!r} ({THP_ENABLED})"
     platforms = [p.strip().lower() for p in environ.get("JAX_PLATFORMS", "").split(",")]
@@ -84,16 +85,16 @@ def skip_reason(environ=os.environ) -> str | None:
     return f"accelerator plugin {plugin} installed" if plugin else None
 
 
-def user_setting(environ=os.environ) -> str | None:
+def hugetlb_setting(environ=os.environ) -> str | None:
     """The ``glibc.malloc.hugetlb=...`` entry of ``GLIBC_TUNABLES``, if any (ours or the user's)."""
-    name = TUNABLE.split("=")[0]
-    entries = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t.split("=")[0] == name]
+    tunables = environ.get("GLIBC_TUNABLES", "").split(":")
+    entries = [t for t in tunables if t.split("=")[0] == TUNABLE_NAME]
     return entries[-1] if entries else None
 
 
 def status(environ=os.environ) -> str:
     """One line for the log: what this process's malloc does with large blocks."""
-    setting = user_setting(environ)
+    setting = hugetlb_setting(environ)
     if setting == TUNABLE:
         return f"malloc: transparent huge pages for large blocks (GLIBC_TUNABLES={TUNABLE})"
     if setting is not None:
@@ -109,7 +110,7 @@ def reexec_with_huge_pages(environ=os.environ) -> None:
     choice is kept), or the command line is unknown, it returns.
     """
     argv = getattr(sys, "orig_argv", None)
-    if user_setting(environ) is not None or skip_reason(environ) is not None:
+    if hugetlb_setting(environ) is not None or skip_reason(environ) is not None:
         return
     if not argv or not sys.executable:
         return
