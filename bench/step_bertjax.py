@@ -1,13 +1,14 @@
 """bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
 
 # venv: bertjax
-# variants: jit xla defaultmalloc
+# variants: jit xla blas defaultmalloc
 
 Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
 While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
-Variants: ``jit`` is the default configuration (``model.matmul='auto'``, which on this one-device
-CPU process is the MKL GEMM kernel of bertjax/cpu_gemm.py when it is available); ``xla`` pins
-``model.matmul='xla'`` (XLA's own dot kernels) for the side-by-side comparison. Like ``python -m
+Variants: ``jit`` is the default configuration (``model.matmul='auto'``: on this one-device CPU
+process the MKL GEMM kernel of bertjax/cpu_gemm.py on an Intel CPU, XLA's own dots elsewhere);
+``xla`` and ``blas`` pin ``model.matmul`` to XLA's dot kernels or the MKL kernel for the
+side-by-side comparison (the notes say which one ``jit`` picked and why). Like ``python -m
 bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
 large blocks (``bertjax.cpu_malloc.reexec_with_huge_pages``: XLA's per-step temporary buffer then
 faults in 2 MiB pages, not 4 KiB ones), except ``defaultmalloc``, which is ``jit`` with glibc's
@@ -53,7 +54,7 @@ def build_step(w, variant):
         hidden_dropout_rate=w["hidden_dropout_prob"],
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
-        matmul=cpu_gemm.resolve("xla" if variant == "xla" else "auto"),
+        matmul=cpu_gemm.resolve(variant if variant in cpu_gemm.MATMULS else "auto"),
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(
@@ -109,6 +110,8 @@ def build_step(w, variant):
         return loss
 
     step.matmul = bert_config.matmul
+    if variant not in cpu_gemm.MATMULS:
+        step.matmul += f" ({cpu_gemm.auto_choice()[1]})"
     step.rusage = []  # (minor page faults, system CPU s) of each call
     return step
 

@@ -13,7 +13,10 @@ Contract of :func:`dot` (differentiable, jit-able, abstract-evaluable)::
 
 It runs on one CPU device only: XLA cannot partition the custom call, so under a multi-device
 mesh it would gather whole operands. :func:`resolve` turns ``model.matmul = 'auto'`` into
-``'blas'`` only for a single-device CPU process with the kernel available, else ``'xla'``.
+``'blas'`` only for a single-device CPU process on an Intel CPU with the kernel available, else
+``'xla'``: MKL runs its optimised code paths on Intel processors only, and on an AMD EPYC (Zen 4,
+AVX-512) its sgemm measured 0.50-0.93x XLA's dots on BERT's shapes (``bench/gemm_bench.py``,
+docs/benchmarks.md), where on Intel it measured 1.0-1.34x. :func:`auto_choice` says which and why.
 
 The kernel (``cpu_gemm.cc``, shipped with the package) is compiled on first use with the system
 C++ compiler (``$CXX``, else ``c++``/``g++``) against jaxlib's FFI headers and cached in
@@ -119,18 +122,43 @@ def unavailable_reason() -> str | None:
     return _load()
 
 
-def resolve(matmul: str, num_devices: int | None = None) -> str:
-    """``'auto'`` -> 'blas' on a single-device CPU process with the kernel available, else 'xla'.
+def cpu_vendor() -> str | None:
+    """The CPU's vendor id from /proc/cpuinfo ('GenuineIntel', 'AuthenticAMD', ...), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
 
-    ``'xla'`` and ``'blas'`` pass through; 'blas' is checked to be loadable.
+
+def auto_choice(num_devices: int | None = None) -> tuple[str, str]:
+    """What ``model.matmul='auto'`` becomes in this process, and why: ``(matmul, reason)``."""
+    if num_devices is None:
+        num_devices = jax.device_count()
+    if jax.default_backend() != "cpu":
+        return "xla", f"the backend is {jax.default_backend()}"
+    if num_devices != 1:
+        return "xla", f"{num_devices} devices (the kernel runs on one)"
+    vendor = cpu_vendor()
+    if vendor != "GenuineIntel":
+        return "xla", f"MKL is not optimised for this CPU (vendor {vendor or 'unknown'})"
+    if not available():
+        return "xla", f"the MKL kernel is unavailable: {unavailable_reason().splitlines()[0]}"
+    return "blas", "one Intel CPU device and the MKL kernel loaded"
+
+
+def resolve(matmul: str, num_devices: int | None = None) -> str:
+    """``'auto'`` -> :func:`auto_choice`'s pick ('blas' on one Intel CPU device with the kernel
+    available, else 'xla'). ``'xla'`` and ``'blas'`` pass through; 'blas' is checked to be loadable.
     """
     if matmul not in (*MATMULS, "auto"):
         raise ValueError(f"model.matmul={matmul!r}: expected one of {(*MATMULS, 'auto')}")
-    if num_devices is None:
-        num_devices = jax.device_count()
     if matmul == "auto":
-        single_cpu = jax.default_backend() == "cpu" and num_devices == 1
-        return "blas" if single_cpu and available() else "xla"
+        return auto_choice(num_devices)[0]
     if matmul == "blas" and jax.default_backend() != "cpu":
         raise ValueError(f"model.matmul='blas' runs on CPU, this is {jax.default_backend()}")
     if matmul == "blas" and not available():

@@ -37,7 +37,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import checkpoint, cpu_malloc, optimizer, train, train_inputs
+from bertjax import checkpoint, cpu_gemm, cpu_malloc, optimizer, train, train_inputs
 from bertjax import metrics as metrics_lib
 from bertjax import sharding as sh
 from bertjax.heads import BertForPreTraining
@@ -190,6 +190,9 @@ class _Loop:
             print(f"mfu vs {peak / 1e9:.1f} GFLOP/s per device: {source}", flush=True)
             if jax.default_backend() == "cpu":
                 print(cpu_malloc.status(), flush=True)
+                configured = config.model.matmul
+                why = cpu_gemm.auto_choice()[1] if configured == "auto" else "config.model.matmul"
+                print(f"matmul: {bert_config.matmul} ({why})", flush=True)
         self.flops_per_sequence = metrics_lib.train_flops_per_sequence(
             bert_config, self.length, int(config.data.max_predictions_per_seq)
         )

@@ -6,6 +6,7 @@ outputs and parameter gradients with ``matmul='blas'``.
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import sys
 
@@ -92,10 +93,29 @@ def test_dot_rejects_bad_operands():
         cpu_gemm.dot(a[None], a.T)
 
 
-def test_resolve():
+def test_cpu_vendor_reads_proc_cpuinfo():
+    vendor = cpu_gemm.cpu_vendor()
+    if sys.platform == "linux":
+        text = pathlib.Path("/proc/cpuinfo").read_text(errors="replace")
+        assert vendor and re.search(rf"^vendor_id\s*: {re.escape(vendor)}$", text, re.M), vendor
+    else:
+        assert vendor is None
+
+
+def test_resolve(monkeypatch):
     # This test process has 8 (fake) CPU devices: 'auto' keeps XLA, which can shard.
     assert cpu_gemm.resolve("auto") == "xla"
+    assert "8 devices" in cpu_gemm.auto_choice()[1]
+    # One device: MKL on Intel CPUs only (it runs generic code paths elsewhere, slower than XLA).
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: "GenuineIntel")
     assert cpu_gemm.resolve("auto", num_devices=1) == "blas"
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: "AuthenticAMD")
+    assert cpu_gemm.auto_choice(num_devices=1) == (
+        "xla",
+        "MKL is not optimised for this CPU (vendor AuthenticAMD)",
+    )
+    monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: None)
+    assert cpu_gemm.resolve("auto", num_devices=1) == "xla"
     assert cpu_gemm.resolve("xla", num_devices=1) == "xla"
     assert cpu_gemm.resolve("blas") == "blas"
     with pytest.raises(ValueError, match=r"model.matmul='mkl': expected one of"):

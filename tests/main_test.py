@@ -125,6 +125,7 @@ def test_reference_run_logs_evaluates_and_exports(reference):
     assert re.search(r"^eval step 8 mlm_loss \S+ mlm_accuracy", stdout, re.M)
     assert "final summary:" in stdout
     assert re.search(r"^malloc: \S", stdout, re.M)  # bertjax.cpu_malloc.status()
+    assert re.search(r"^matmul: (xla|blas) \(\S", stdout, re.M)  # cpu_gemm.auto_choice()'s reason
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     params, bert_config, vocab_file, do_lower_case = checkpoint.latest_params_from_workdir(workdir)
     assert set(params) == {"encoder", "pooler", "mlm", "nsp"}
