@@ -145,7 +145,7 @@ def auto_choice(num_devices: int | None = None) -> tuple[str, str]:
         return "xla", f"{num_devices} devices (the kernel runs on one)"
     vendor = cpu_vendor()
     if vendor != "GenuineIntel":
-        return "xla", f"MKL is not optimised for this CPU (vendor {vendor or 'unknown'})"
+        return "xla", f"MKL is not optimised for this CPU, vendor {vendor or 'unknown'}"
     if not available():
         return "xla", f"the MKL kernel is unavailable: {unavailable_reason().splitlines()[0]}"
     return "blas", "one Intel CPU device and the MKL kernel loaded"

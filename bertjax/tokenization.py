@@ -212,22 +212,18 @@ class WordPieceTokenizer(_SpecialTokensMixin):
         self.do_lower_case = bool(do_lower_case)
         self.vocab = read_vocab(vocab_file)
         self._init_specials(vocab_file)
-        self._wordpiece = tf_text.FastWordpieceTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=_MAX_BYTES_PER_WORD,
-            token_out_type=tf.int32,
-            unknown_token="[UNK]",
-            no_pretokenization=True,
-        )
+        self._wordpiece = self._fast_wordpiece(_MAX_BYTES_PER_WORD, no_pretokenization=True)
         # ASCII rows only: there a byte is a character, so the byte limit is the reference's.
-        self._plain_ascii = tf_text.FastWordpieceTokenizer(
+        self._plain_ascii = self._fast_wordpiece(MAX_CHARS_PER_WORD, no_pretokenization=False)
+
+    def _fast_wordpiece(self, max_bytes_per_word, no_pretokenization):
+        return tf_text.FastWordpieceTokenizer(
             vocab=self.vocab,
             suffix_indicator="##",
-            max_bytes_per_word=MAX_CHARS_PER_WORD,
+            max_bytes_per_word=max_bytes_per_word,
             token_out_type=tf.int32,
             unknown_token="[UNK]",
-            no_pretokenization=False,
+            no_pretokenization=no_pretokenization,
         )
 
     @_NOT_AUTOGRAPH

@@ -37,7 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
     # auto | xla | blas. 'blas' runs dense layers and the MLM decoder as MKL GEMMs (XLA FFI, one
-    # CPU device, float32; bertjax/cpu_gemm.py); 'auto' picks it on a single-device CPU run.
+    # CPU device, float32; bertjax/cpu_gemm.py); 'auto' picks it on a single-device run on an Intel
+    # CPU (MKL is slower than XLA's dots elsewhere), else XLA's dots. The run prints its choice.
     config.model.matmul = "auto"
 
     # ---- data (owner: input_pipeline.py; batch contract in its docstring) ----

@@ -112,7 +112,7 @@ def test_resolve(monkeypatch):
     monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: "AuthenticAMD")
     assert cpu_gemm.auto_choice(num_devices=1) == (
         "xla",
-        "MKL is not optimised for this CPU (vendor AuthenticAMD)",
+        "MKL is not optimised for this CPU, vendor AuthenticAMD",
     )
     monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: None)
     assert cpu_gemm.resolve("auto", num_devices=1) == "xla"

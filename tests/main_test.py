@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from train_test import TINY_MODEL
 
-from bertjax import checkpoint, data
+from bertjax import checkpoint, cpu_gemm, data
 
 REPO = pathlib.Path(__file__).parents[1]
 pytestmark = pytest.mark.xdist_group("main_test")  # one reference run per suite (conftest)
@@ -73,6 +73,11 @@ def env(tmp_path_factory):
 
 
 def _command(corpus, workdir, *extra):
+    # One-process runs go through the MKL kernel wherever it loads ('auto' picks it on Intel CPUs
+    # only), so resume and the two-process comparison cover it on every machine; two processes
+    # (two devices) run XLA's dots.
+    one_process = not any(arg.startswith("--num_processes") for arg in extra)
+    matmul = "blas" if one_process and cpu_gemm.available() else "auto"
     return [
         sys.executable,
         "-m",
@@ -80,6 +85,7 @@ def _command(corpus, workdir, *extra):
         f"--config={corpus.parent / 'test_config.py'}",
         f"--workdir={workdir}",
         *_overrides(corpus),
+        f"--config.model.matmul={matmul}",
         *extra,
     ]
 
@@ -125,7 +131,7 @@ def test_reference_run_logs_evaluates_and_exports(reference):
     assert re.search(r"^eval step 8 mlm_loss \S+ mlm_accuracy", stdout, re.M)
     assert "final summary:" in stdout
     assert re.search(r"^malloc: \S", stdout, re.M)  # bertjax.cpu_malloc.status()
-    assert re.search(r"^matmul: (xla|blas) \(\S", stdout, re.M)  # cpu_gemm.auto_choice()'s reason
+    assert re.search(r"^matmul: (xla|blas) \(\S", stdout, re.M)  # the engine and why
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     params, bert_config, vocab_file, do_lower_case = checkpoint.latest_params_from_workdir(workdir)
     assert set(params) == {"encoder", "pooler", "mlm", "nsp"}
