@@ -157,6 +157,19 @@ def _loss_and_grad(cfg: BertConfig, params: dict):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
+def test_flat_dense_dots_match_dot_general(monkeypatch):
+    # CPU runs Dense as one 2-D GEMM over reshaped operands, TPU/GPU as a multi-dim dot_general:
+    # the same function, so the same loss and gradients up to float32 rounding.
+    params = _init(TINY)
+    monkeypatch.setattr(model, "_flat_dense_dots", lambda: True)
+    flat_value, flat_grad = _loss_and_grad(TINY, params)
+    monkeypatch.setattr(model, "_flat_dense_dots", lambda: False)
+    value, grad = _loss_and_grad(TINY, params)
+    np.testing.assert_allclose(flat_value, value, rtol=1e-6)
+    check = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    jax.tree.map(check, flat_grad, grad)
+
+
 @pytest.mark.parametrize("policy,scanned", [("full", False), ("dots", True)])
 def test_remat_does_not_change_outputs_or_grads(policy, scanned):
     params = _init(TINY)
