@@ -211,7 +211,7 @@ add_vocab_bias.defvjp(_add_vocab_bias_fwd, _add_vocab_bias_bwd)
 def _flat_dense_dots() -> bool:
     """Whether :class:`Dense` runs its XLA dot as one 2-D GEMM (reshaped operands): on CPU.
 
-    XLA:CPU ran the same BERT step 6-17% faster (CPU time, W1/W2/W3 of docs/benchmarks.md) with
+    XLA:CPU ran the same BERT step with 6-16% less CPU time (W1/W2/W3, docs/benchmarks.md) with
     the projections as ``[tokens, in] x [in, out]`` than as ``dot_general`` on the multi-dim
     ``[B, L, N, D]`` / ``[H, N, D]`` forms; TPU/GPU keep ``dot_general``, whose layouts their
     compilers handle natively. Both forms are tested to agree (tests/model_test.py).
