@@ -43,6 +43,7 @@ def build_step(w, variant):
     from bertjax.heads import BertForPreTraining
     from bertjax.model import BertConfig
 
+    matmul = variant if variant in cpu_gemm.MATMULS else "auto"
     bert_config = BertConfig(
         vocab_size=w["vocab_size"],
         hidden_size=w["hidden"],
@@ -54,7 +55,7 @@ def build_step(w, variant):
         hidden_dropout_rate=w["hidden_dropout_prob"],
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
-        matmul=cpu_gemm.resolve(variant if variant in cpu_gemm.MATMULS else "auto"),
+        matmul=cpu_gemm.resolve(matmul),
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(
@@ -109,9 +110,7 @@ def build_step(w, variant):
         step.rusage.append((after.ru_minflt - before.ru_minflt, after.ru_stime - before.ru_stime))
         return loss
 
-    step.matmul = bert_config.matmul
-    if variant not in cpu_gemm.MATMULS:
-        step.matmul += f" ({cpu_gemm.auto_choice()[1]})"
+    step.matmul = cpu_gemm.describe(matmul)
     step.rusage = []  # (minor page faults, system CPU s) of each call
     return step
 

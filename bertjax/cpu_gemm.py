@@ -122,6 +122,7 @@ def unavailable_reason() -> str | None:
     return _load()
 
 
+@functools.cache
 def cpu_vendor() -> str | None:
     """The CPU's vendor id from /proc/cpuinfo ('GenuineIntel', 'AuthenticAMD', ...), or None."""
     try:
@@ -142,13 +143,20 @@ def auto_choice(num_devices: int | None = None) -> tuple[str, str]:
     if jax.default_backend() != "cpu":
         return "xla", f"the backend is {jax.default_backend()}"
     if num_devices != 1:
-        return "xla", f"{num_devices} devices (the kernel runs on one)"
+        return "xla", f"{num_devices} devices, the kernel runs on one"
     vendor = cpu_vendor()
     if vendor != "GenuineIntel":
         return "xla", f"MKL is not optimised for this CPU, vendor {vendor or 'unknown'}"
     if not available():
         return "xla", f"the MKL kernel is unavailable: {unavailable_reason().splitlines()[0]}"
     return "blas", "one Intel CPU device and the MKL kernel loaded"
+
+
+def describe(matmul: str) -> str:
+    """``'<engine> (<why>)'`` for a configured ``model.matmul``, as training and benches print."""
+    if matmul == "auto":
+        return "{} ({})".format(*auto_choice())
+    return f"{resolve(matmul)} (set in the config)"
 
 
 def resolve(matmul: str, num_devices: int | None = None) -> str:

@@ -190,9 +190,7 @@ class _Loop:
             print(f"mfu vs {peak / 1e9:.1f} GFLOP/s per device: {source}", flush=True)
             if jax.default_backend() == "cpu":
                 print(cpu_malloc.status(), flush=True)
-                configured = config.model.matmul
-                why = cpu_gemm.auto_choice()[1] if configured == "auto" else "config.model.matmul"
-                print(f"matmul: {bert_config.matmul} ({why})", flush=True)
+                print(f"matmul: {cpu_gemm.describe(config.model.matmul)}", flush=True)
         self.flops_per_sequence = metrics_lib.train_flops_per_sequence(
             bert_config, self.length, int(config.data.max_predictions_per_seq)
         )

@@ -116,6 +116,8 @@ def test_resolve(monkeypatch):
     )
     monkeypatch.setattr(cpu_gemm, "cpu_vendor", lambda: None)
     assert cpu_gemm.resolve("auto", num_devices=1) == "xla"
+    assert cpu_gemm.describe("auto") == "xla (8 devices, the kernel runs on one)"
+    assert cpu_gemm.describe("xla") == "xla (set in the config)"
     assert cpu_gemm.resolve("xla", num_devices=1) == "xla"
     assert cpu_gemm.resolve("blas") == "blas"
     with pytest.raises(ValueError, match=r"model.matmul='mkl': expected one of"):
