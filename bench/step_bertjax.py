@@ -1,7 +1,7 @@
 """bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
 
 # venv: bertjax
-# variants: jit xla blas defaultmalloc
+# variants: jit xla blas defaultmalloc fulllast
 
 Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
 While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
@@ -12,8 +12,11 @@ side-by-side comparison (the notes say which one ``jit`` picked and why). Like `
 bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
 large blocks (``bertjax.cpu_malloc.reexec_with_huge_pages``: XLA's per-step temporary buffer then
 faults in 2 MiB pages, not 4 KiB ones), except ``defaultmalloc``, which is ``jit`` with glibc's
-defaults, to show what that is worth. The notes give the median minor page faults and system CPU
-seconds per measured step (``getrusage``), where that difference shows.
+defaults, to show what that is worth, and ``fulllast``, which is ``jit`` with the last encoder
+layer run at every position (``model.gather_last_layer=False``; by default pretraining runs it
+only at [CLS] and the masked positions, which the heads read). The notes give the median minor
+page faults and system CPU seconds per measured step (``getrusage``), where that difference
+shows.
 build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
 jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
   * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
@@ -56,6 +59,7 @@ def build_step(w, variant):
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
         matmul=cpu_gemm.resolve(matmul),
+        gather_last_layer=variant != "fulllast",
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(

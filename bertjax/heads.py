@@ -32,6 +32,7 @@ from bertjax.model import (
     Dropout,
     activation,
     add_vocab_bias,
+    gather_positions,
     layer_norm,
 )
 
@@ -55,10 +56,15 @@ class MaskedLMHead(nn.Module):
 
     @nn.compact
     def __call__(self, sequence_output, masked_lm_positions, decoder) -> jax.Array:
-        """<dtype>[B, L, H], <int32>[B, P], tied decoder fn -> <float32>[B, P, V] logits."""
+        """<dtype>[B, L, H], <int32>[B, P], tied decoder fn -> <float32>[B, P, V] logits.
+
+        ``masked_lm_positions=None``: ``sequence_output`` is already <dtype>[B, P, H] at them.
+        """
         cfg = self.config
         # Gather first: the transform and the V-way decoder run on [B, P, H], never [B, L, H].
-        gathered = jnp.take_along_axis(sequence_output, masked_lm_positions[..., None], axis=1)
+        gathered = sequence_output
+        if masked_lm_positions is not None:
+            gathered = gather_positions(sequence_output, masked_lm_positions)
         h = Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="transform")(gathered)
         h = layer_norm(cfg, "layer_norm")(activation(cfg.hidden_act)(h))
         bias = self.param(
@@ -126,7 +132,8 @@ class BertForPreTraining(nn.Module):
     """Encoder + pooler + MLM + NSP heads; the equivalent of HF's ``BertForPreTraining``.
 
     The NSP head always exists (so checkpoints export to HF's class); the No-NSP ablation simply
-    gives its loss zero weight.
+    gives its loss zero weight. With ``config.gather_last_layer`` the encoder's last layer runs
+    only at [CLS] and the masked positions, the only ones the heads read (same outputs).
     """
 
     config: BertConfig
@@ -141,12 +148,22 @@ class BertForPreTraining(nn.Module):
         self, input_ids, segment_ids, input_mask, masked_lm_positions, *, deterministic: bool = True
     ) -> PreTrainingOutput:
         """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
-        sequence_output = self.encoder(
-            input_ids, segment_ids, input_mask, deterministic=deterministic
-        ).sequence_output
-        mlm_logits = self.mlm(sequence_output, masked_lm_positions, self.encoder.attend)
-        nsp_logits = self.nsp(self.pooler(sequence_output))
-        return PreTrainingOutput(mlm_logits, nsp_logits)
+        if not self.config.gather_last_layer:
+            sequence_output = self.encoder(
+                input_ids, segment_ids, input_mask, deterministic=deterministic
+            ).sequence_output
+            mlm_logits = self.mlm(sequence_output, masked_lm_positions, self.encoder.attend)
+            return PreTrainingOutput(mlm_logits, self.nsp(self.pooler(sequence_output)))
+        cls_position = jnp.zeros_like(masked_lm_positions[:, :1])
+        read = self.encoder(
+            input_ids,
+            segment_ids,
+            input_mask,
+            deterministic=deterministic,
+            output_positions=jnp.concatenate([cls_position, masked_lm_positions], axis=1),
+        ).sequence_output  # <dtype>[B, 1 + P, H]: [CLS], then the masked positions
+        mlm_logits = self.mlm(read[:, 1:], None, self.encoder.attend)
+        return PreTrainingOutput(mlm_logits, self.nsp(self.pooler(read)))
 
 
 # ---- Fine-tuning task heads (paper §4). Same ``encoder``/``pooler`` names as BertModel. ----

@@ -5,10 +5,11 @@ over ``log_every`` steps and divides once on the host, so an average is exact re
 many masked positions each batch had. MLM accuracy is MLPerf's: correct masked predictions /
 weighted masked positions.
 
-MFU = model FLOPs per second (``train_flops_per_sequence``: matmuls only, bidirectional attention
-counted in full) / the devices' peak (``peak_flops_per_device``): ``config.train.peak_flops``, else
-the dense peak of a known TPU/GPU, else (CPU, unknown devices) the fp32 matmul ceiling measured at
-start-up, so on CPU the figure reads "MFU vs the measured matmul ceiling".
+MFU = model FLOPs per second (``train_flops_per_sequence``: the matmuls the model computes,
+bidirectional attention counted in full) / the devices' peak (``peak_flops_per_device``):
+``config.train.peak_flops``, else the dense peak of a known TPU/GPU, else (CPU, unknown devices)
+the fp32 matmul ceiling measured at start-up, so on CPU the figure reads "MFU vs the measured
+matmul ceiling".
 """
 
 from __future__ import annotations
@@ -99,12 +100,22 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
 
     Bidirectional attention is counted in full (L x L scores and L x L x D context per head),
     even for the causal ablation; the MLM transform and tied decoder run on the P gathered
-    positions only, as the model computes them.
+    positions only, as the model computes them, and so does the last layer with
+    ``cfg.gather_last_layer`` (unscanned): its key/value projections at every position, its
+    queries, attention, output projection and FFN at the Q = 1 + P positions the heads read.
     """
     h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
     attention_layer = 2 * 2 * length * length * h  # QK^T and PV
     encoder = cfg.num_layers * (length * per_token_layer + attention_layer)
+    if cfg.gather_last_layer and not cfg.scan_layers:
+        queries = min(1 + predictions, length)
+        last_layer = (
+            length * 2 * (2 * h * h)  # key and value projections
+            + queries * 2 * (2 * h * h + 2 * h * f)  # query and output projections, FFN
+            + 2 * 2 * queries * length * h  # QK^T and PV for the Q queries
+        )
+        encoder += last_layer - (length * per_token_layer + attention_layer)
     heads = 2 * predictions * (h * h + h * v) + 2 * (h * h + 2 * h)  # MLM + pooler/NSP
     return 3.0 * (encoder + heads)
 

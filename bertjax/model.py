@@ -72,6 +72,11 @@ class BertConfig:
     # 'blas': dense layers and the MLM decoder as vendor-BLAS GEMMs (one CPU device, float32);
     # see cpu_gemm.py. A runtime choice like dtype: it changes speed, not the function computed.
     matmul: str = "xla"
+    # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
+    # positions its heads read ([CLS] and the masked positions; K/V still see every position):
+    # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less. A runtime choice
+    # like matmul. Unscanned layers only (with scan_layers the last layer runs in full).
+    gather_last_layer: bool = True
 
     def __post_init__(self):
         def check(cond, field, expected):
@@ -108,6 +113,7 @@ class BertConfig:
         check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
         check(self.matmul in cpu_gemm.MATMULS, "matmul", f"one of {cpu_gemm.MATMULS}")
+        check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
         if self.matmul == "blas":
             check(self.dtype == "float32", "dtype", "'float32' with matmul='blas'")
 
@@ -398,34 +404,45 @@ class SelfAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_bias, deterministic: bool) -> jax.Array:
-        """<dtype>[B, L, H], <float32>[B, 1, 1 or L, L] -> <dtype>[B, L, H]."""
+    def __call__(self, x, attention_bias, deterministic: bool, query_positions=None):
+        """<dtype>[B, L, H], <float32>[B, 1, 1 or L, L] -> <dtype>[B, Q, H].
+
+        Queries are every position (Q = L), or only ``query_positions`` <int32>[B, Q] (keys and
+        values are always every position).
+        """
         cfg = self.config
         qkv_axes = (sh.EMBED, sh.HEADS, sh.KV)
         features = (cfg.num_heads, cfg.head_dim)
-        query = Dense(features, qkv_axes, cfg, name="query")(x)  # [B, L, N, D]
-        key = Dense(features, qkv_axes, cfg, name="key")(x)
+        length_axis = sh.ACT_LENGTH
+        queries_in = x
+        if query_positions is not None:
+            length_axis = None  # Q positions, not the sequence: never sharded
+            queries_in = gather_positions(x, query_positions)
+            if attention_bias.shape[2] != 1:  # per-query rows (causal): keep the queries' rows
+                attention_bias = jnp.take_along_axis(
+                    attention_bias, query_positions[:, None, :, None], axis=2
+                )
+        query = Dense(features, qkv_axes, cfg, name="query")(queries_in)  # [B, Q, N, D]
+        key = Dense(features, qkv_axes, cfg, name="key")(x)  # [B, L, N, D]
         value = Dense(features, qkv_axes, cfg, name="value")(x)
         query = query / jnp.sqrt(cfg.head_dim).astype(query.dtype)
-        logits = jnp.einsum("bqnd,bknd->bnqk", query, key)  # [B, N, L, L]
-        logits = nn.with_logical_constraint(
-            logits, (sh.ACT_BATCH, sh.ACT_HEADS, sh.ACT_LENGTH, None)
-        )
+        logits = jnp.einsum("bqnd,bknd->bnqk", query, key)  # [B, N, Q, L]
+        logits = nn.with_logical_constraint(logits, (sh.ACT_BATCH, sh.ACT_HEADS, length_axis, None))
         # Softmax with the normalisation applied after the value product: dropout and the
-        # product are linear in the probabilities, so dividing [B, L, N, D] by the row sums
-        # equals dividing [B, N, L, L] first, and saves a full pass over the scores (and its
+        # product are linear in the probabilities, so dividing [B, Q, N, D] by the row sums
+        # equals dividing [B, N, Q, L] first, and saves a full pass over the scores (and its
         # backward) — the largest activations at length 512.
         logits = logits.astype(jnp.float32) + attention_bias
         unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
-        row_sums = unnormalized.sum(-1)  # <float32>[B, N, L]
+        row_sums = unnormalized.sum(-1)  # <float32>[B, N, Q]
         unnormalized = Dropout(cfg.attention_dropout_rate)(
             unnormalized.astype(_dtype(cfg.dtype)), deterministic=deterministic
         )
-        context = jnp.einsum("bnqk,bknd->bqnd", unnormalized, value)  # [B, L, N, D]
-        inverse = jnp.transpose(1.0 / row_sums, (0, 2, 1))[..., None]  # [B, L, N, 1]
+        context = jnp.einsum("bnqk,bknd->bqnd", unnormalized, value)  # [B, Q, N, D]
+        inverse = jnp.transpose(1.0 / row_sums, (0, 2, 1))[..., None]  # [B, Q, N, 1]
         context = context * inverse.astype(context.dtype)
         context = nn.with_logical_constraint(
-            context, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_HEADS, None)
+            context, (sh.ACT_BATCH, length_axis, sh.ACT_HEADS, None)
         )
         return Dense(
             (cfg.hidden_size,), (sh.HEADS, sh.KV, sh.EMBED), cfg, contract_dims=2, name="output"
@@ -435,6 +452,10 @@ class SelfAttention(nn.Module):
 class EncoderLayer(nn.Module):
     """One post-LayerNorm transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
 
+    With ``query_positions`` <int32>[B, Q] everything after the key/value projections runs at
+    those positions only and the output is <dtype>[B, Q, H]: the last layer of pretraining,
+    whose heads read [CLS] and the masked positions (:class:`LayerStack`).
+
     Returns ``(x, x if collect else None)``: the (carry, output) form ``nn.scan`` wants.
     """
 
@@ -442,22 +463,30 @@ class EncoderLayer(nn.Module):
     collect: bool = False
 
     @nn.compact
-    def __call__(self, x, attention_bias, deterministic: bool):
+    def __call__(self, x, attention_bias, deterministic: bool, query_positions=None):
         cfg = self.config
-        act_axes = (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED)
-        h = SelfAttention(cfg, name="attention")(x, attention_bias, deterministic)
+        length_axis = sh.ACT_LENGTH if query_positions is None else None
+        act_axes = (sh.ACT_BATCH, length_axis, sh.ACT_EMBED)
+        h = SelfAttention(cfg, name="attention")(x, attention_bias, deterministic, query_positions)
         h = Dropout(cfg.hidden_dropout_rate)(h, deterministic=deterministic)
+        if query_positions is not None:
+            x = gather_positions(x, query_positions)
         x = layer_norm(cfg, "attention_layer_norm")(x + h)
         x = nn.with_logical_constraint(x, act_axes)
         h = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x)
         h = nn.with_logical_constraint(
-            activation(cfg.hidden_act)(h), (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_MLP)
+            activation(cfg.hidden_act)(h), (sh.ACT_BATCH, length_axis, sh.ACT_MLP)
         )
         h = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(h)
         h = Dropout(cfg.hidden_dropout_rate)(h, deterministic=deterministic)
         x = layer_norm(cfg, "output_layer_norm")(x + h)
         x = nn.with_logical_constraint(x, act_axes)
         return x, (x if self.collect else None)
+
+
+def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """<dtype>[B, L, H], <int32>[B, Q] -> <dtype>[B, Q, H] (the rows of ``x`` at ``positions``)."""
+    return jnp.take_along_axis(x, positions[..., None], axis=1)
 
 
 def _layer_class(config: BertConfig):
@@ -478,8 +507,14 @@ class LayerStack(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_bias, deterministic: bool, output_hidden_states: bool):
-        """Returns the last layer <dtype>[B, L, H] and a list of each layer's output (or None)."""
+    def __call__(
+        self, x, attention_bias, deterministic: bool, output_hidden_states: bool, positions=None
+    ):
+        """Returns the last layer <dtype>[B, L, H] and a list of each layer's output (or None).
+
+        With ``positions`` <int32>[B, Q] the last layer's output is <dtype>[B, Q, H], at those
+        positions; unscanned, the last layer computes only them (``EncoderLayer``).
+        """
         cfg = self.config
         layer = _layer_class(cfg)
         if cfg.scan_layers:
@@ -495,16 +530,21 @@ class LayerStack(nn.Module):
                 x, attention_bias, deterministic
             )
             outputs = [stacked[i] for i in range(cfg.num_layers)] if output_hidden_states else None
+            if positions is not None:
+                x = gather_positions(x, positions)
             return x, outputs
         outputs = []
         for i in range(cfg.num_layers):
-            x, _ = layer(cfg, name=f"layer_{i}")(x, attention_bias, deterministic)
+            last = i == cfg.num_layers - 1
+            x, _ = layer(cfg, name=f"layer_{i}")(
+                x, attention_bias, deterministic, positions if last else None
+            )
             outputs.append(x)
         return x, (outputs if output_hidden_states else None)
 
 
 class EncoderOutput(NamedTuple):
-    sequence_output: jax.Array  # <dtype>[B, L, H], the last layer
+    sequence_output: jax.Array  # <dtype>[B, L, H] last layer ([B, Q, H] with output_positions)
     # num_layers + 1 arrays <dtype>[B, L, H] (embeddings output first, as HF), or None.
     hidden_states: tuple[jax.Array, ...] | None
 
@@ -535,9 +575,16 @@ class BertEncoder(nn.Module):
         *,
         deterministic: bool = True,
         output_hidden_states: bool = False,
+        output_positions: jax.Array | None = None,
     ) -> EncoderOutput:
-        """<int32>[B, L] input_ids, segment_ids, input_mask -> EncoderOutput."""
+        """<int32>[B, L] input_ids, segment_ids, input_mask -> EncoderOutput.
+
+        ``output_positions`` <int32>[B, Q]: the sequence output only at these positions,
+        <dtype>[B, Q, H]; the last (unscanned) layer then computes only them.
+        """
         cfg = self.config
+        if output_positions is not None and output_hidden_states:
+            raise ValueError("output_positions and output_hidden_states cannot be combined")
         if input_ids.shape[1] > cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence length {input_ids.shape[1]} exceeds "
@@ -545,7 +592,7 @@ class BertEncoder(nn.Module):
             )
         bias = attention_bias(input_mask, causal=cfg.attention == "causal")
         first = self.embeddings(input_ids, segment_ids, deterministic)
-        x, outputs = self.layers(first, bias, deterministic, output_hidden_states)
+        x, outputs = self.layers(first, bias, deterministic, output_hidden_states, output_positions)
         return EncoderOutput(x, (first, *outputs) if output_hidden_states else None)
 
     def attend(self, x: jax.Array) -> jax.Array:

@@ -40,6 +40,11 @@ def get_config() -> ml_collections.ConfigDict:
     # CPU device, float32; bertjax/cpu_gemm.py); 'auto' picks it on a single-device run on an Intel
     # CPU (MKL is slower than XLA's dots elsewhere), else XLA's dots. The run prints its choice.
     config.model.matmul = "auto"
+    # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
+    # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still
+    # see every position): the same loss and gradients, ~(L-1-P)/L of one layer's work less.
+    # Unscanned layers only (scan_layers runs the last layer in full). False: every position.
+    config.model.gather_last_layer = True
 
     # ---- data (owner: input_pipeline.py; batch contract in its docstring) ----
     config.data = ml_collections.ConfigDict()

@@ -40,23 +40,69 @@ def pretraining_inputs():
     return ids, segments, mask, positions
 
 
+@pytest.mark.parametrize("gather_last_layer", [True, False])
 @pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
-def test_pretraining_logits_match_hf(tmp_path, hidden_act):
+def test_pretraining_logits_match_hf(tmp_path, hidden_act, gather_last_layer):
     hf_model = hf_pretraining_dir(tmp_path, hidden_act)
     conv = convert.load(str(tmp_path), do_lower_case=True)
+    config = conv.config.replace(gather_last_layer=gather_last_layer)
     ids, segments, mask, positions = pretraining_inputs()
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor(ids, dtype=torch.long),
                        token_type_ids=torch.tensor(segments, dtype=torch.long),
                        attention_mask=torch.tensor(mask, dtype=torch.long))  # fmt: skip
-    out = jax.jit(BertForPreTraining(conv.config).apply)({"params": conv.params}, ids, segments,
-                                                         mask, positions)  # fmt: skip
+    out = jax.jit(BertForPreTraining(config).apply)({"params": conv.params}, ids, segments,
+                                                    mask, positions)  # fmt: skip
     ref_mlm = np.take_along_axis(ref.prediction_logits.numpy(), positions[..., None], axis=1)
     assert out.mlm_logits.shape == (2, 3, 40) and out.mlm_logits.dtype == jnp.float32
     mlm = np.abs(np.asarray(out.mlm_logits) - ref_mlm).max()
     nsp = np.abs(np.asarray(out.nsp_logits) - ref.seq_relationship_logits.numpy()).max()
     print(f"\n{hidden_act}: MLM logits max abs diff {mlm:.3g}, NSP {nsp:.3g}")
     assert mlm <= 1e-5 and nsp <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "attention,scan_layers,remat_policy",
+    [("bidirectional", False, "none"), ("causal", False, "full"), ("bidirectional", True, "dots")],
+)
+def test_gathered_last_layer_gives_the_full_model_loss_and_gradients(
+    attention, scan_layers, remat_policy
+):
+    """The last layer at [CLS] + the masked positions only (the default) against the same model
+    run at every position: same logits, and the same gradient for every parameter, including
+    a causal mask (each query keeps its own row) and repeated/padding positions (0)."""
+    cfg = model.BertConfig(vocab_size=40, hidden_size=16, num_layers=3, num_heads=4,
+                           intermediate_size=32, max_position_embeddings=16, attention=attention,
+                           scan_layers=scan_layers, remat_policy=remat_policy)  # fmt: skip
+    ids, segments, mask, _ = pretraining_inputs()
+    positions = np.array([[1, 4, 8, 4], [2, 3, 6, 0]], np.int32)
+    weights = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+    gathered, full = (
+        BertForPreTraining(cfg),
+        BertForPreTraining(cfg.replace(gather_last_layer=False)),
+    )
+    params = gathered.init(jax.random.key(0), ids, segments, mask, positions)["params"]
+
+    def loss_and_grads(module):
+        def loss(params):
+            out = module.apply({"params": params}, ids, segments, mask, positions)
+            mlm = jax.nn.log_softmax(out.mlm_logits)[..., 7] * weights
+            return -mlm.sum() - jax.nn.log_softmax(out.nsp_logits)[:, 1].sum(), out
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (loss, out), grads = loss_and_grads(gathered)
+    (ref_loss, ref_out), ref_grads = loss_and_grads(full)
+    np.testing.assert_allclose(out.mlm_logits, ref_out.mlm_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out.nsp_logits, ref_out.nsp_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    flat, ref_flat = jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads)
+    assert len(flat) == len(ref_flat) == 14 + 16 * (1 if scan_layers else 3)
+    for (path, grad), ref in zip(flat, ref_flat, strict=True):
+        # (the key bias's gradient is zero up to rounding: softmax ignores a per-query constant)
+        scale = max(np.abs(ref).max(), 1e-6)
+        np.testing.assert_allclose(grad, ref, rtol=0, atol=2e-5 * scale,
+                                   err_msg=jax.tree_util.keystr(path))  # fmt: skip
 
 
 def test_pretraining_param_count_equals_hf_tied_decoder():

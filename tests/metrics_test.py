@@ -9,7 +9,7 @@ from bertjax.model import BertConfig, config_for_size
 
 
 def test_flops_match_the_standard_count_with_full_bidirectional_attention():
-    cfg = config_for_size("base")
+    cfg = config_for_size("base", gather_last_layer=False)
     length, predictions = 128, 20
     h, f, v, layers = 768, 3072, cfg.vocab_size, 12
     # 6 x matmul params x tokens + 12 x layers x hidden x length^2 + gathered heads (PaLM-style).
@@ -66,9 +66,11 @@ def test_summaries_divide_sums_once():
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
-def test_mfu_against_a_hand_count_of_every_matmul(attention):
+@pytest.mark.parametrize("gather_last_layer", [False, True])
+def test_mfu_against_a_hand_count_of_every_matmul(attention, gather_last_layer):
     """A BERT small enough to list its matmuls by hand; attention counted in full (L x L) even
-    for the causal ablation, MLM head on the P gathered positions only."""
+    for the causal ablation, MLM head on the P gathered positions only, and the last layer's
+    queries onwards on [CLS] + the P positions when it is gathered."""
     cfg = BertConfig(
         vocab_size=10,
         hidden_size=8,
@@ -77,6 +79,7 @@ def test_mfu_against_a_hand_count_of_every_matmul(attention):
         intermediate_size=16,
         max_position_embeddings=8,
         attention=attention,
+        gather_last_layer=gather_last_layer,
     )
     length, predictions = 4, 2
     # Forward FLOPs of one sequence, 2 * rows * contraction * columns per matmul:
@@ -86,13 +89,21 @@ def test_mfu_against_a_hand_count_of_every_matmul(attention):
     attention_output = 2 * 4 * 8 * 8  # 512
     feed_forward = 2 * 4 * 8 * 16 + 2 * 4 * 16 * 8  # 2048
     layer = query_key_value + scores + context + attention_output + feed_forward  # 4608
+    # The last layer at Q = 3 rows ([CLS] + P): keys/values still at all L = 4 positions.
+    last_gathered = (
+        2 * 2 * 4 * 8 * 8  # key, value: 1024
+        + 2 * 3 * 8 * 8  # query: 384
+        + 2 * (2 * 3 * 4 * 4) * 2  # per head [Q,4] x [4,L] and [Q,L] x [L,4]: 384
+        + 2 * 3 * 8 * 8  # attention output: 384
+        + 2 * 3 * 8 * 16 * 2  # feed-forward: 1536
+    )  # 3712
     mlm = 2 * 2 * 8 * 8 + 2 * 2 * 8 * 10  # transform + tied decoder on P=2 rows: 576
     pooler_nsp = 2 * 1 * 8 * 8 + 2 * 1 * 8 * 2  # [CLS] row only: 160
-    forward = 2 * layer + mlm + pooler_nsp  # 9952
-    assert forward == 9952
+    forward = layer + (last_gathered if gather_last_layer else layer) + mlm + pooler_nsp
+    assert forward == (9056 if gather_last_layer else 9952)
     flops = metrics.train_flops_per_sequence(cfg, length, predictions)
-    assert flops == 3 * 9952  # backward = 2x forward
-    # 3 steps of global batch 4 in 2 s on 2 devices of 1e5 FLOP/s: 6 seq/s * 29856 / 2e5.
+    assert flops == 3 * forward  # backward = 2x forward
+    # 3 steps of global batch 4 in 2 s on 2 devices of 1e5 FLOP/s: 6 seq/s * flops / 2e5.
     sums = dict.fromkeys(
         ["loss_sum", "mlm_loss_sum", "mlm_correct_sum", "mlm_weight_sum", "grad_norm_sum"], 1.0
     )
@@ -100,7 +111,10 @@ def test_mfu_against_a_hand_count_of_every_matmul(attention):
     values = metrics.summarize_train(
         sums, 2.0, global_batch=4, length=4, flops_per_sequence=flops, peak_flops_total=2e5
     )
-    np.testing.assert_allclose(values["mfu"], 6 * 29856 / 2e5)  # 0.89568
+    np.testing.assert_allclose(values["mfu"], 6 * 3 * forward / 2e5)
+    # Scanned layers run the last layer in full whatever gather_last_layer says.
+    scanned = cfg.replace(scan_layers=True)
+    assert metrics.train_flops_per_sequence(scanned, length, predictions) == 3 * 9952
 
 
 def test_peak_flops_from_config_or_table():

@@ -288,6 +288,7 @@ def test_bf16_compute_runs():
     (dict(attention="sparse"), r"BertConfig.attention='sparse': expected one of"),
     (dict(hidden_dropout_rate=1.0), r"BertConfig.hidden_dropout_rate=1.0: expected a rate"),
     (dict(remat_policy="some"), r"BertConfig.remat_policy='some': expected one of"),
+    (dict(gather_last_layer="yes"), r"BertConfig.gather_last_layer='yes': expected a bool"),
 ])  # fmt: skip
 def test_bad_config_fields_give_clear_errors(changes, expected):
     with pytest.raises(ValueError, match=expected):
