@@ -148,12 +148,6 @@ class BertForPreTraining(nn.Module):
         self, input_ids, segment_ids, input_mask, masked_lm_positions, *, deterministic: bool = True
     ) -> PreTrainingOutput:
         """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
-        if not self.config.gather_last_layer:
-            sequence_output = self.encoder(
-                input_ids, segment_ids, input_mask, deterministic=deterministic
-            ).sequence_output
-            mlm_logits = self.mlm(sequence_output, masked_lm_positions, self.encoder.attend)
-            return PreTrainingOutput(mlm_logits, self.nsp(self.pooler(sequence_output)))
         cls_position = jnp.zeros_like(masked_lm_positions[:, :1])
         read = self.encoder(
             input_ids,

@@ -100,15 +100,15 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
 
     Bidirectional attention is counted in full (L x L scores and L x L x D context per head),
     even for the causal ablation; the MLM transform and tied decoder run on the P gathered
-    positions only, as the model computes them, and so does the last layer with
-    ``cfg.gather_last_layer`` (unscanned): its key/value projections at every position, its
+    positions only, as the model computes them, and so does the last layer when
+    ``cfg.computes_only_output_positions``: its key/value projections at every position, its
     queries, attention, output projection and FFN at the Q = 1 + P positions the heads read.
     """
     h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
     attention_layer = 2 * 2 * length * length * h  # QK^T and PV
     encoder = cfg.num_layers * (length * per_token_layer + attention_layer)
-    if cfg.gather_last_layer and not cfg.scan_layers:
+    if cfg.computes_only_output_positions:
         queries = min(1 + predictions, length)
         last_layer = (
             length * 2 * (2 * h * h)  # key and value projections

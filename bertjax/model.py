@@ -121,6 +121,11 @@ class BertConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def computes_only_output_positions(self) -> bool:
+        """Whether, given output positions, the last layer computes only them (see LayerStack)."""
+        return self.gather_last_layer and not self.scan_layers
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -513,10 +518,12 @@ class LayerStack(nn.Module):
         """Returns the last layer <dtype>[B, L, H] and a list of each layer's output (or None).
 
         With ``positions`` <int32>[B, Q] the last layer's output is <dtype>[B, Q, H], at those
-        positions; unscanned, the last layer computes only them (``EncoderLayer``).
+        positions: with ``config.computes_only_output_positions`` the last layer computes only
+        them (``EncoderLayer``), else it runs at every position and they are gathered after.
         """
         cfg = self.config
         layer = _layer_class(cfg)
+        gather_after = positions is not None and not cfg.computes_only_output_positions
         if cfg.scan_layers:
             scanned = nn.scan(
                 layer,
@@ -530,17 +537,18 @@ class LayerStack(nn.Module):
                 x, attention_bias, deterministic
             )
             outputs = [stacked[i] for i in range(cfg.num_layers)] if output_hidden_states else None
-            if positions is not None:
-                x = gather_positions(x, positions)
-            return x, outputs
-        outputs = []
-        for i in range(cfg.num_layers):
-            last = i == cfg.num_layers - 1
-            x, _ = layer(cfg, name=f"layer_{i}")(
-                x, attention_bias, deterministic, positions if last else None
-            )
-            outputs.append(x)
-        return x, (outputs if output_hidden_states else None)
+        else:
+            outputs = []
+            for i in range(cfg.num_layers):
+                last = i == cfg.num_layers - 1 and not gather_after
+                x, _ = layer(cfg, name=f"layer_{i}")(
+                    x, attention_bias, deterministic, positions if last else None
+                )
+                outputs.append(x)
+            outputs = outputs if output_hidden_states else None
+        if gather_after:
+            x = gather_positions(x, positions)
+        return x, outputs
 
 
 class EncoderOutput(NamedTuple):
@@ -580,7 +588,8 @@ class BertEncoder(nn.Module):
         """<int32>[B, L] input_ids, segment_ids, input_mask -> EncoderOutput.
 
         ``output_positions`` <int32>[B, Q]: the sequence output only at these positions,
-        <dtype>[B, Q, H]; the last (unscanned) layer then computes only them.
+        <dtype>[B, Q, H]; with ``config.computes_only_output_positions`` the last layer then
+        computes only them.
         """
         cfg = self.config
         if output_positions is not None and output_hidden_states:
