@@ -1,7 +1,7 @@
 """bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
 
 # venv: bertjax
-# variants: jit xla blas defaultmalloc fulllast
+# variants: jit xla blas nocache defaultmalloc fulllast
 
 Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
 While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
@@ -10,9 +10,11 @@ process the MKL GEMM kernel of bertjax/cpu_gemm.py on an Intel CPU, XLA's own do
 ``xla`` and ``blas`` pin ``model.matmul`` to XLA's dot kernels or the MKL kernel for the
 side-by-side comparison (the notes say which one ``jit`` picked and why). Like ``python -m
 bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
-large blocks (``bertjax.cpu_malloc.reexec_with_huge_pages``: XLA's per-step temporary buffer then
-faults in 2 MiB pages, not 4 KiB ones), except ``defaultmalloc``, which is ``jit`` with glibc's
-defaults, to show what that is worth, and ``fulllast``, which is ``jit`` with the last encoder
+large blocks and bertjax's big-block cache preloaded (``bertjax.cpu_malloc.reexec_with_huge_pages``:
+XLA's per-step temporary buffer is then reused from step to step instead of faulting in again),
+except ``nocache``, which is ``jit`` with the huge pages only (``BERTJAX_CPU_MALLOC=hugepages``),
+and ``defaultmalloc``, which is ``jit`` with glibc's defaults, to show what each is worth, and
+``fulllast``, which is ``jit`` with the last encoder
 layer run at every position (``model.gather_last_layer=False``; by default pretraining runs it
 only at [CLS] and the masked positions, which the heads read). The notes give the median minor
 page faults and system CPU seconds per measured step (``getrusage``), where that difference
@@ -28,6 +30,7 @@ jitted once with donated state, one CPU device), keeping the contract shared by 
 """
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -131,10 +134,13 @@ def main():
     try:
         from bertjax import cpu_malloc
 
+        if args.variant == "nocache":
+            os.environ[cpu_malloc.ENV_SWITCH] = cpu_malloc.HUGE_PAGES_ONLY
         if args.variant != "defaultmalloc":
             cpu_malloc.reexec_with_huge_pages()  # what `python -m bertjax.main` does first
         malloc = cpu_malloc.status()
-        step = build_step(w, "jit" if args.variant == "defaultmalloc" else args.variant)
+        same_as_jit = ("defaultmalloc", "nocache")
+        step = build_step(w, "jit" if args.variant in same_as_jit else args.variant)
     except (ImportError, NotImplementedError) as e:
         common.emit_skip("step", impl, f"{type(e).__name__}: {e}", w["name"])
         return 3
@@ -148,6 +154,10 @@ def main():
     measured = step.rusage[-n:] if n else [(0, 0.0)]
     faults = statistics.median(f for f, _ in measured)
     sys_s = statistics.median(s for _, s in measured)
+    cache = cpu_malloc.cache_stats()
+    cache_note = ""
+    if cache:
+        cache_note = f"; big-block cache: {cache['maps']} maps, {cache['reuses']} reuses"
     versions = {
         "jax": jax.__version__,
         "bertjax": getattr(bertjax, "__version__", "?"),
@@ -163,7 +173,7 @@ def main():
         versions,
         notes=(
             f"first step includes jit compile; matmul={step.matmul}; {malloc}; per measured step "
-            f"(median): {faults:.0f} minor page faults, {sys_s:.2f} s system CPU"
+            f"(median): {faults:.0f} minor page faults, {sys_s:.2f} s system CPU{cache_note}"
         ),
         extra={"compile_s": first},
     )

@@ -19,9 +19,9 @@ AVX-512) its sgemm measured 0.50-0.93x XLA's dots on BERT's shapes (``bench/gemm
 docs/benchmarks.md), where on Intel it measured 1.0-1.34x. :func:`auto_choice` says which and why.
 
 The kernel (``cpu_gemm.cc``, shipped with the package) is compiled on first use with the system
-C++ compiler (``$CXX``, else ``c++``/``g++``) against jaxlib's FFI headers and cached in
-``$BERTJAX_CACHE_DIR`` (default ``~/.cache/bertjax``), keyed by the source, the jaxlib version,
-the compiler and its flags. MKL comes from
+C++ compiler (``$CXX``, else ``c++``/``g++``) against jaxlib's FFI headers and cached
+(:func:`bertjax.native.build`: ``$BERTJAX_CACHE_DIR``, keyed by the source, the jaxlib version,
+the compiler and its flags). MKL comes from
 the ``mkl`` wheel (a dependency on x86-64 Linux) with its sequential threading layer: the
 kernel splits each GEMM over XLA's intra-op threads itself. If either is missing,
 :func:`available` is False with the reason in :func:`unavailable_reason`, and 'auto' uses XLA.
@@ -31,18 +31,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import importlib.metadata
-import os
 import pathlib
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import jaxlib
+
+from bertjax import native
 
 MATMULS = ("xla", "blas")
 _TARGET = "bertjax_sgemm"
@@ -55,33 +52,17 @@ class KernelUnavailable(RuntimeError):
     """The BLAS kernel cannot be built or loaded here; the message says why."""
 
 
-def _cache_dir() -> pathlib.Path:
-    default = pathlib.Path.home() / ".cache" / "bertjax"
-    return pathlib.Path(os.environ.get("BERTJAX_CACHE_DIR", default))
-
-
 def _compile() -> pathlib.Path:
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if not compiler:
-        raise KernelUnavailable("no C++ compiler found (set CXX or install g++)")
-    flags = ["-O3", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}"]
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    identity = [_SOURCE.read_text(), jaxlib.__version__, version, *flags]
-    key = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_gemm-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename into place: a concurrent or killed build never leaves a
-    # half-written library under the cached name.
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = pathlib.Path(tmp) / target.name
-        cmd = [compiler, *flags, str(_SOURCE), "-o", str(built)]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise KernelUnavailable(f"compiling {_SOURCE} failed:\n{result.stderr[-2000:]}")
-        os.replace(built, target)
-    return target
+    try:
+        return native.build(
+            _SOURCE,
+            compiler_env="CXX",
+            compilers=("c++", "g++"),
+            flags=["-O3", "-std=c++17", f"-I{jax.ffi.include_dir()}"],
+            identity=[jaxlib.__version__],
+        )
+    except native.BuildError as e:
+        raise KernelUnavailable(str(e)) from None
 
 
 def _mkl_library() -> ctypes.CDLL:

@@ -1,40 +1,63 @@
-"""Huge pages for XLA:CPU's per-step buffers: ``python -m bertjax.main`` re-executes itself once
-with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``.
+"""Memory for XLA:CPU's per-step buffers: ``python -m bertjax.main`` re-executes itself once
+with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` and the big-block cache preloaded.
 
-XLA:CPU allocates each execution's temporary buffer (all activations of a train step: ~1.4 GB
+XLA:CPU allocates each execution's temporary buffer (all activations of a train step: ~1.3 GB
 for BERT-base at 8x128) with ``malloc`` and frees it when the step ends. glibc serves blocks
 above 32 MiB with a fresh ``mmap`` and unmaps them on ``free``, so every step the kernel
-page-faults the whole buffer back in, 4 KiB at a time (BERT-base 8x128 on 2 cores: ~340k minor
-faults and ~0.8 s of system time per ~4.3 s step). With the glibc tunable
-``glibc.malloc.hugetlb=1`` (glibc >= 2.35) malloc marks its mmapped blocks ``MADV_HUGEPAGE``: the
-same buffer faults in as 2 MiB transparent huge pages, ~500x fewer faults. Memory is handed back
-to the OS exactly as before. (Keeping freed memory instead, with ``mallopt``, saves the faults
-too but fragments the heap: some XLA programs then held several times their temporaries.)
+page-faults the whole buffer back in and zeroes it (BERT-base 8x128 on 2 cores: ~340k minor
+faults and ~0.8 s of system time per ~4.3 s step with 4 KiB pages).
 
-glibc reads tunables only when a process starts, hence :func:`reexec_with_huge_pages`: called
-first thing by ``python -m bertjax.main`` and ``python -m bertjax.finetune``, it re-executes the
-same command line (same PID) with the tunable added to ``GLIBC_TUNABLES``, once. It does so only
-where XLA:CPU does the compute and the kernel can comply:
+Two remedies, both applied by :func:`reexec_with_huge_pages`:
+
+* ``glibc.malloc.hugetlb=1`` (glibc >= 2.35): malloc marks its mmapped blocks
+  ``MADV_HUGEPAGE``, so what glibc still maps faults in as 2 MiB transparent huge pages,
+  ~500x fewer faults.
+* The big-block cache (``cpu_malloc.c``, built on first use by :func:`bertjax.native.build` and
+  loaded with ``LD_PRELOAD``): requests of at least 64 MiB get their own huge-page mapping, and
+  a freed one is kept for the next request of its size if that size recurs (at most 4 free
+  blocks; one-off and stale blocks are unmapped as glibc would), so a training loop reuses the
+  same pages every step with no faults at all. Everything smaller goes to glibc unchanged. Even
+  with huge pages, faulting the buffer in cost 0.1-1.8 s of system time per 1.7-2.9 s
+  BERT-base step on a 2-core VM (docs/benchmarks.md). Keeping freed memory in glibc's own heap
+  instead (``mmap_max=0`` with one arena) fragments it: 2-3 copies of the buffer stay resident.
+
+glibc reads tunables, and the loader ``LD_PRELOAD``, only when a process starts, hence the
+re-execution: called first thing by ``python -m bertjax.main`` and ``python -m
+bertjax.finetune``, it re-executes the same command line (same PID) once, with the tunable added
+to ``GLIBC_TUNABLES`` (unless the user sets ``glibc.malloc.hugetlb`` already: theirs is kept)
+and the cache prepended to ``LD_PRELOAD``. It does so only where XLA:CPU does the compute and
+the kernel can comply:
 
 * Linux with glibc >= 2.35, transparent huge pages not ``never``
   (``/sys/kernel/mm/transparent_hugepage/enabled``);
 * ``JAX_PLATFORMS`` naming only ``cpu``, or unset with no accelerator plugin installed (libtpu,
   ``jax_plugins``);
-* not turned off with ``BERTJAX_CPU_MALLOC=0``.
+* not turned off: ``BERTJAX_CPU_MALLOC=0`` turns both off, ``BERTJAX_CPU_MALLOC=hugepages``
+  keeps the tunable only. The cache is also left out when ``LD_PRELOAD`` already names another
+  malloc (tcmalloc, jemalloc, ...) or when it cannot be built (no C compiler); :func:`status`
+  says which, and why.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import importlib.util
 import os
+import pathlib
 import pkgutil
 import platform
 import sys
 
+from bertjax import native
+
 TUNABLE_NAME = "glibc.malloc.hugetlb"
 TUNABLE = f"{TUNABLE_NAME}=1"
 ENV_SWITCH = "BERTJAX_CPU_MALLOC"
+HUGE_PAGES_ONLY = "hugepages"  # the ENV_SWITCH value that leaves the big-block cache out
+CACHE_SOURCE = pathlib.Path(__file__).with_name("cpu_malloc.c")
+_REEXECUTED = "BERTJAX_CPU_MALLOC_REEXECUTED"  # set in the re-executed process: never twice
+_CACHE_NOTE = "BERTJAX_CPU_MALLOC_CACHE_NOTE"  # why the re-executed process has no cache
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 _ACCELERATORS = ("tpu", "cuda", "gpu", "rocm", "metal")
 
@@ -92,30 +115,85 @@ def hugetlb_setting(environ=os.environ) -> str | None:
     return entries[-1] if entries else None
 
 
+def cache_skip_reason(environ=os.environ) -> str | None:
+    """Why the big-block cache is not preloaded even where huge pages are requested, or None."""
+    if environ.get(ENV_SWITCH, "").strip().lower() == HUGE_PAGES_ONLY:
+        return f"{ENV_SWITCH}={environ[ENV_SWITCH]}"
+    for entry in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":"):
+        name = os.path.basename(entry)
+        if "malloc" in name and not name.startswith(CACHE_SOURCE.stem):
+            return f"LD_PRELOAD already has {entry}"
+    return None
+
+
+def build_cache() -> pathlib.Path:
+    """The big-block cache library (built now unless cached); raises native.BuildError."""
+    return native.build(
+        CACHE_SOURCE,
+        compiler_env="CC",
+        compilers=("cc", "gcc"),
+        flags=["-O2", "-std=gnu11"],
+        libraries=["-lpthread", "-ldl"],
+    )
+
+
+def cache_stats() -> dict[str, int] | None:
+    """The big-block cache's counters in this process, or None where it is not loaded."""
+    try:
+        stats = ctypes.CDLL(None).bertjax_big_block_stats
+    except AttributeError:
+        return None
+    out = (ctypes.c_size_t * 5)()
+    stats(out)
+    keys = ("maps", "reuses", "unmaps", "cached_bytes", "min_block_bytes")
+    return dict(zip(keys, (int(v) for v in out), strict=True))
+
+
 def status(environ=os.environ) -> str:
     """One line for the log: what this process's malloc does with large blocks."""
     setting = hugetlb_setting(environ)
     if setting == TUNABLE:
-        return f"malloc: transparent huge pages for large blocks (GLIBC_TUNABLES={TUNABLE})"
-    if setting is not None:
-        return f"malloc: GLIBC_TUNABLES sets {setting} (left as set)"
-    return f"malloc: glibc defaults ({skip_reason(environ) or 'not re-executed'})"
+        line = f"malloc: transparent huge pages for large blocks (GLIBC_TUNABLES={TUNABLE})"
+    elif setting is not None:
+        line = f"malloc: GLIBC_TUNABLES sets {setting} (left as set)"
+    else:
+        line = f"malloc: glibc defaults ({skip_reason(environ) or 'not re-executed'})"
+    if (stats := cache_stats()) is not None:
+        size = stats["min_block_bytes"] >> 20
+        return f"{line}; blocks >= {size} MiB kept for reuse (bertjax big-block cache)"
+    why = environ.get(_CACHE_NOTE) or cache_skip_reason(environ) or skip_reason(environ)
+    return f"{line}; no big-block cache ({why or 'not preloaded'})"
 
 
 def reexec_with_huge_pages(environ=os.environ) -> None:
-    """Re-executes this command line with :data:`TUNABLE` added, once; returns where it does not.
+    """Re-executes this command line once with huge pages and the big-block cache; else returns.
 
-    Call it before any work (the process image is replaced). Where :func:`skip_reason` gives a
-    reason, or ``GLIBC_TUNABLES`` already sets ``glibc.malloc.hugetlb`` (to any value: a user's
-    choice is kept), or the command line is unknown, it returns.
+    Call it before any work (the process image is replaced). It returns where :func:`skip_reason`
+    gives a reason, in the re-executed process itself, where there is nothing to add (the user
+    sets ``glibc.malloc.hugetlb`` and the cache is left out or cannot be built), or where the
+    command line is unknown.
     """
     argv = getattr(sys, "orig_argv", None)
-    if hugetlb_setting(environ) is not None or skip_reason(environ) is not None:
+    if environ.get(_REEXECUTED) or skip_reason(environ) is not None:
         return
     if not argv or not sys.executable:
         return
-    tunables = environ.get("GLIBC_TUNABLES", "")
-    env = dict(environ, GLIBC_TUNABLES=f"{tunables}:{TUNABLE}" if tunables else TUNABLE)
+    env = dict(environ)
+    env[_REEXECUTED] = "1"
+    if hugetlb_setting(environ) is None:
+        tunables = environ.get("GLIBC_TUNABLES", "")
+        env["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}" if tunables else TUNABLE
+    if cache_skip_reason(environ) is None:
+        try:
+            library = str(build_cache())
+        except native.BuildError as e:
+            env[_CACHE_NOTE] = f"cannot build it: {str(e).splitlines()[0]}"
+        else:
+            preload = environ.get("LD_PRELOAD", "")
+            env["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+    added = [k for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if env.get(k) != environ.get(k)]
+    if not added:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *argv[1:]], env)

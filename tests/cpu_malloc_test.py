@@ -1,4 +1,5 @@
-"""bertjax.cpu_malloc: when the CLI re-executes itself with huge pages, and that they cut the page
+"""bertjax.cpu_malloc: when the CLI re-executes itself with huge pages and the big-block cache,
+that the cache behaves as malloc must (and as its contract says), and that both cut the page
 faults of XLA:CPU's per-run temporary buffer."""
 
 import json
@@ -19,9 +20,18 @@ needs_huge_pages = pytest.mark.skipif(
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "BERTJAX_CPU_MALLOC")}
+    ours = ("GLIBC_TUNABLES", "LD_PRELOAD", "BERTJAX_CPU_MALLOC", "BERTJAX_BIG_BLOCK_MIN")
+    ours += ("BERTJAX_CPU_MALLOC_REEXECUTED",)
+    env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(JAX_PLATFORMS="cpu", **extra)
     return env
+
+
+def _cache_library() -> str:
+    try:
+        return str(cpu_malloc.build_cache())
+    except cpu_malloc.native.BuildError as e:
+        pytest.skip(f"no C compiler here: {e}")
 
 
 def test_transparent_huge_pages_mode(tmp_path):
@@ -81,19 +91,134 @@ def test_reexec_once_keeping_other_tunables_and_pid():
     assert before == "glibc.malloc.check=0"
     assert after == f"glibc.malloc.check=0:{cpu_malloc.TUNABLE}"
     assert status.startswith("malloc: transparent huge pages")
+    assert status.endswith("blocks >= 64 MiB kept for reuse (bertjax big-block cache)")
 
 
 @needs_huge_pages
 def test_a_users_hugetlb_setting_is_kept():
-    (start, _, before), (run, _, status) = _lines(_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))
+    lines = _lines(_env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0"))
+    (start, _, before), (run, _, status) = lines[0], lines[-1]
     assert (start, before, run) == ("start", "glibc.malloc.hugetlb=0", "run")
-    assert status == "malloc: GLIBC_TUNABLES sets glibc.malloc.hugetlb=0 (left as set)"
+    assert status.startswith("malloc: GLIBC_TUNABLES sets glibc.malloc.hugetlb=0 (left as set)")
+    # Nothing else to add without the cache: no re-execution at all.
+    (start, _, before), (run, _, status) = _lines(
+        _env(GLIBC_TUNABLES="glibc.malloc.hugetlb=0", BERTJAX_CPU_MALLOC="hugepages")
+    )
+    assert status.endswith("no big-block cache (BERTJAX_CPU_MALLOC=hugepages)")
 
 
 def test_no_reexec_when_turned_off():
     (start, _, before), (run, _, status) = _lines(_env(BERTJAX_CPU_MALLOC="0"))
     assert (start, before, run) == ("start", "None", "run")
     assert "glibc defaults (BERTJAX_CPU_MALLOC=0)" in status
+    assert status.endswith("no big-block cache (BERTJAX_CPU_MALLOC=0)")
+
+
+@needs_huge_pages
+def test_the_cache_is_left_out_beside_another_malloc_or_without_a_compiler(tmp_path):
+    other = tmp_path / "libjemalloc.so.2"  # never loaded: the re-execution leaves it alone
+    reason = cpu_malloc.cache_skip_reason({"LD_PRELOAD": f"{other}"})
+    assert reason == f"LD_PRELOAD already has {other}"
+    env = _env(CC="false", BERTJAX_CACHE_DIR=str(tmp_path / "cache"))
+    (_, pid1, _), (_, pid2, _), (run, pid3, status) = _lines(env)
+    assert pid1 == pid2 == pid3 and run == "run"
+    assert status.startswith("malloc: transparent huge pages")
+    assert "no big-block cache (cannot build it: compiling" in status
+    assert not list((tmp_path / "cache").glob("*.so"))
+
+
+# Drives malloc/free/realloc/posix_memalign/malloc_usable_size through libc with the cache
+# preloaded and a 1 MiB threshold, checking each result against the cache's contract.
+CACHE_PROBE = textwrap.dedent(
+    """
+    import ctypes, json, threading
+    from bertjax import cpu_malloc
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = libc.realloc.restype = libc.calloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
+    libc.malloc_usable_size.restype = ctypes.c_size_t
+    size_t, void_pp = ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
+    libc.posix_memalign.argtypes = [void_pp, size_t, size_t]
+    MiB = 1 << 20
+    out = {"start": cpu_malloc.cache_stats()}
+
+    # A one-off block is unmapped on free; a recurring size is kept and handed out again.
+    a = libc.malloc(3 * MiB); ctypes.memset(a, 7, 3 * MiB); libc.free(a)
+    out["one_off"] = cpu_malloc.cache_stats()
+    b = libc.malloc(3 * MiB); libc.free(b)
+    c = libc.malloc(3 * MiB + 4096)  # within 1.25x: the same block
+    out["reused_same_pointer"] = c == b
+    out["usable"] = libc.malloc_usable_size(c) >= 3 * MiB + 4096
+    out["after_reuse"] = cpu_malloc.cache_stats()
+    d = libc.malloc(12 * MiB)  # far larger: never served by the cached 3 MiB block
+    out["distinct"] = d not in (b, c)
+
+    # realloc keeps the contents, growing out of the block and back into glibc's range.
+    buf = (ctypes.c_ubyte * 64).from_address(c); buf[:] = bytes(range(64))
+    e = libc.realloc(c, 20 * MiB)
+    out["realloc_kept"] = bytes((ctypes.c_ubyte * 64).from_address(e)) == bytes(range(64))
+    f = libc.realloc(e, 1000)
+    out["shrink_kept"] = bytes((ctypes.c_ubyte * 64).from_address(f)) == bytes(range(64))
+    libc.free(f); libc.free(d)
+
+    # Alignment up to a huge page is honoured; invalid alignments are refused as POSIX says.
+    ptr = ctypes.c_void_p()
+    out["align"] = []
+    for alignment in (64, 4096, 1 << 16, 2 * MiB):
+        rc = libc.posix_memalign(ctypes.byref(ptr), alignment, 5 * MiB)
+        out["align"].append(rc == 0 and ptr.value % alignment == 0)
+        libc.free(ptr.value)
+    out["einval"] = libc.posix_memalign(ctypes.byref(ptr), 24, 5 * MiB)
+
+    # calloc stays glibc's and comes back zeroed even after dirty blocks were freed.
+    z = libc.calloc(3 * MiB, 1)
+    out["calloc_zero"] = not any(bytes((ctypes.c_ubyte * (3 * MiB)).from_address(z)))
+    libc.free(z)
+
+    # Many threads allocating, writing and freeing recurring sizes at once.
+    errors = []
+    def worker(seed):
+        for i in range(200):
+            size = (2 + (seed + i) % 3) * MiB
+            p = libc.malloc(size)
+            ctypes.memset(p, seed, size)
+            if (ctypes.c_ubyte * 1).from_address(p + size - 1)[0] != seed:
+                errors.append(seed)
+            libc.free(p)
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(1, 9)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    out["thread_errors"] = len(errors)
+    out["end"] = cpu_malloc.cache_stats()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_big_block_cache_contract():
+    env = _env(LD_PRELOAD=_cache_library(), BERTJAX_BIG_BLOCK_MIN=str(1 << 20))
+    result = subprocess.run(
+        [sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert out["start"]["min_block_bytes"] == 1 << 20
+    one_off = out["one_off"]
+    assert one_off["maps"] - out["start"]["maps"] == 1
+    assert one_off["unmaps"] - out["start"]["unmaps"] == 1  # as glibc would
+    assert out["reused_same_pointer"] and out["usable"] and out["distinct"]
+    assert out["after_reuse"]["reuses"] - one_off["reuses"] == 1
+    assert out["realloc_kept"] and out["shrink_kept"]
+    assert out["align"] == [True] * 4
+    assert out["einval"] == 22  # EINVAL
+    assert out["calloc_zero"]
+    assert out["thread_errors"] == 0
+    end = out["end"]
+    assert end["reuses"] > 1000  # 1600 recurring allocations, nearly all served from the cache
+    assert end["cached_bytes"] <= 4 * 5 * (1 << 20) + (4 << 20)  # at most 4 free blocks kept
 
 
 PROBE = textwrap.dedent(
@@ -126,10 +251,14 @@ def _probe(env: dict) -> dict:
 
 
 @needs_huge_pages
-def test_huge_pages_cut_the_page_faults_of_xla_temporaries():
+def test_huge_pages_and_the_cache_cut_the_page_faults_of_xla_temporaries():
     default = _probe(_env())
     huge = _probe(_env(GLIBC_TUNABLES=cpu_malloc.TUNABLE))
+    cached = _probe(_env(GLIBC_TUNABLES=cpu_malloc.TUNABLE, LD_PRELOAD=_cache_library()))
     assert default["temp"] >= 64 << 20
     # glibc's default: every run faults its 64 MiB temporary back in, 4 KiB at a time.
     assert default["faults"] > 0.5 * default["temp"] / 4096
     assert huge["faults"] < default["faults"] / 5
+    # The cache hands the same pages back every run: not even the huge-page faults remain.
+    assert cached["faults"] < 2 * 1024 * 1024 / 4096
+    assert cached["faults"] < huge["faults"]
