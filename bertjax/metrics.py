@@ -40,7 +40,7 @@ PEAK_FLOPS = {
 
 
 def measure_matmul_flops(
-    size: int = 1024,
+    size: int | None = None,
     min_seconds: float = 0.3,
     clock: Callable[[], float] = time.perf_counter,
     matmul: str = "xla",
@@ -52,11 +52,16 @@ def measure_matmul_flops(
 
     Every local device multiplies a <float32>[size, size] matrix by itself at once, so devices
     that share a host's cores (XLA's fake CPU devices) share its ceiling instead of each
-    claiming all of it. After a compile-and-warm-up call, the fastest of at least 3 calls
+    claiming all of it. ``size`` defaults to 2048 on one device (1024 under-reads wide-vector
+    CPUs: 238 against ~430-450 GFLOP/s at 2048 and on BERT-base's FFN GEMM on an AMD EPYC Zen 5,
+    docs/benchmarks.md), shrunk for several devices so one call is the same total work (8
+    devices: 1024 each). After a compile-and-warm-up call, the fastest of at least 3 calls
     lasting ``min_seconds`` in all counts: noise from other processes only slows a call.
     """
     # The blas kernel only runs on a single-device process (cpu_gemm.resolve).
     devices = jax.local_devices()[:1] if matmul == "blas" else jax.local_devices()
+    if size is None:
+        size = max(128, int(round(2048 / len(devices) ** (1 / 3) / 128)) * 128)
     sharding = NamedSharding(Mesh(np.array(devices), ("devices",)), PartitionSpec("devices"))
     matrices = jax.device_put(np.ones((len(devices), size, size), np.float32), sharding)
     if matmul == "blas":
