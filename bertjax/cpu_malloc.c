@@ -296,6 +296,15 @@ void *realloc(void *p, size_t size) {
   return q;
 }
 
+/* glibc's own reallocarray would hand our block to its realloc: route it through ours. */
+void *reallocarray(void *p, size_t count, size_t size) {
+  if (size && count > SIZE_MAX / size) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return realloc(p, count * size);
+}
+
 size_t malloc_usable_size(void *p) {
   int ours;
   size_t usable = big_usable(p, &ours);

@@ -163,7 +163,12 @@ CACHE_PROBE = textwrap.dedent(
     out["realloc_kept"] = bytes((ctypes.c_ubyte * 64).from_address(e)) == bytes(range(64))
     f = libc.realloc(e, 1000)
     out["shrink_kept"] = bytes((ctypes.c_ubyte * 64).from_address(f)) == bytes(range(64))
-    libc.free(f); libc.free(d)
+    libc.reallocarray.restype = ctypes.c_void_p
+    libc.reallocarray.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    g = libc.reallocarray(d, 4 * MiB, 4)  # our 12 MiB block, grown through reallocarray
+    ctypes.memset(g, 1, 16 * MiB)
+    out["reallocarray"] = g is not None and libc.reallocarray(None, 1 << 62, 16) is None
+    libc.free(f); libc.free(g)
 
     # Alignment up to a huge page is honoured; invalid alignments are refused as POSIX says.
     ptr = ctypes.c_void_p()
@@ -211,7 +216,7 @@ def test_big_block_cache_contract():
     assert one_off["unmaps"] - out["start"]["unmaps"] == 1  # as glibc would
     assert out["reused_same_pointer"] and out["usable"] and out["distinct"]
     assert out["after_reuse"]["reuses"] - one_off["reuses"] == 1
-    assert out["realloc_kept"] and out["shrink_kept"]
+    assert out["realloc_kept"] and out["shrink_kept"] and out["reallocarray"]
     assert out["align"] == [True] * 4
     assert out["einval"] == 22  # EINVAL
     assert out["calloc_zero"]
