@@ -57,7 +57,7 @@ static pthread_cond_t freed = PTHREAD_COND_INITIALIZER;
 static uint64_t events; /* big-block allocations and frees so far */
 static size_t big_min = (size_t)64 << 20;
 static long wait_ms = 50;
-static size_t stats[4]; /* maps, reuses, unmaps, bytes cached now */
+static size_t stats[3]; /* maps, reuses, unmaps */
 
 __attribute__((constructor)) static void init(void) {
   const char *env = getenv("BERTJAX_BIG_BLOCK_MIN");
@@ -96,6 +96,13 @@ static void *map_block(size_t length) {
   return base;
 }
 
+/* Unmaps the block in slot i and empties the slot. Called with the lock held. */
+static void release(int i) {
+  munmap(blocks[i].base, blocks[i].length);
+  blocks[i].base = NULL;
+  stats[2]++;
+}
+
 /* Unmaps cached blocks beyond MAX_CACHED (longest cached first) and those left unused for
  * STALE_EVENTS big-block events. Called with the lock held. */
 static void evict(void) {
@@ -107,14 +114,9 @@ static void evict(void) {
       cached++;
       if (oldest < 0 || b->freed_at < blocks[oldest].freed_at) oldest = j;
     }
-    if (oldest < 0) return;
-    if (cached <= MAX_CACHED && blocks[oldest].freed_at + STALE_EVENTS > events &&
-        blocks[oldest].freed_at > 0)
+    if (oldest < 0 || (cached <= MAX_CACHED && blocks[oldest].freed_at + STALE_EVENTS > events))
       return;
-    munmap(blocks[oldest].base, blocks[oldest].length);
-    stats[2]++;
-    stats[3] -= blocks[oldest].length;
-    blocks[oldest].base = NULL;
+    release(oldest);
   }
 }
 
@@ -192,7 +194,6 @@ static void *big_alloc(size_t size, size_t alignment) {
     b->in_use = 1;
     b->user = b->base + offset;
     stats[1]++;
-    stats[3] -= b->length;
     evict();
     pthread_mutex_unlock(&lock);
     ((uint64_t *)b->user)[-2] = TAG;
@@ -235,9 +236,10 @@ static int big_free(void *p) {
   }
   blocks[i].in_use = 0;
   blocks[i].freed_at = ++events;
-  stats[3] += blocks[i].length;
-  if (!recurring(blocks[i].length)) blocks[i].freed_at = 0; /* one-off: evict() unmaps it now */
-  evict();
+  if (recurring(blocks[i].length))
+    evict();
+  else
+    release(i); /* a one-off block: unmapped now, as glibc would */
   pthread_cond_broadcast(&freed);
   pthread_mutex_unlock(&lock);
   return 1;
@@ -314,10 +316,14 @@ size_t malloc_usable_size(void *p) {
   return next ? next(p) : 0;
 }
 
-/* Counters for bertjax.cpu_malloc.preload_stats(): maps, reuses, unmaps, bytes cached. */
+/* Counters for bertjax.cpu_malloc.cache_stats(): maps, reuses, unmaps, bytes cached now, and
+ * the threshold. */
 void bertjax_big_block_stats(size_t out[5]) {
   pthread_mutex_lock(&lock);
-  for (int i = 0; i < 4; i++) out[i] = stats[i];
+  for (int i = 0; i < 3; i++) out[i] = stats[i];
+  out[3] = 0;
+  for (int i = 0; i < MAX_BLOCKS; i++)
+    if (blocks[i].base && !blocks[i].in_use) out[3] += blocks[i].length;
   out[4] = big_min;
   pthread_mutex_unlock(&lock);
 }

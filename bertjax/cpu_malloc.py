@@ -191,9 +191,8 @@ def reexec_with_huge_pages(environ=os.environ) -> None:
         else:
             preload = environ.get("LD_PRELOAD", "")
             env["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
-    added = [k for k in ("GLIBC_TUNABLES", "LD_PRELOAD") if env.get(k) != environ.get(k)]
-    if not added:
-        return
+    if all(env.get(k) == environ.get(k) for k in ("GLIBC_TUNABLES", "LD_PRELOAD")):
+        return  # nothing to add
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *argv[1:]], env)

@@ -44,8 +44,8 @@ def build(
     The compiler is ``$<compiler_env>`` if set, else the first of ``compilers`` on PATH;
     ``libraries`` are linker arguments placed after the source.
     """
-    found = [path for path in map(shutil.which, compilers) if path]
-    compiler = os.environ.get(compiler_env) or (found[0] if found else None)
+    on_path = (shutil.which(name) for name in compilers)  # looked up only if the env is unset
+    compiler = os.environ.get(compiler_env) or next(filter(None, on_path), None)
     if not compiler:
         raise BuildError(f"no compiler found for {source.name} (set {compiler_env} or install gcc)")
     flags = [*flags, "-shared", "-fPIC"]
