@@ -37,7 +37,7 @@ def _tree_rss_and_cpu(process: psutil.Process):
 
 
 def run_tool(corpus: str, out: pathlib.Path, workers: int, extra: list[str]) -> dict:
-    from bertjax import data
+    from bertjax.data import bundled
 
     cmd = [
         sys.executable,
@@ -46,7 +46,7 @@ def run_tool(corpus: str, out: pathlib.Path, workers: int, extra: list[str]) -> 
         f"--input_file={corpus}",
         f"--output_file={out / 'train.tfrecord'}",
         "--num_output_shards=4",
-        f"--vocab_file={data.VOCAB}",
+        f"--vocab_file={bundled.VOCAB}",
         f"--num_workers={workers}",
         *extra,
     ]
@@ -89,13 +89,13 @@ def main():
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
     sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-    from bertjax import data
+    from bertjax.data import bundled
 
     cores = os.cpu_count()
     workers = [int(w) for w in args.workers.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.txt")
-        with gzip.open(data.TRAIN_CORPUS, "rb") as f:
+        with gzip.open(bundled.TRAIN_CORPUS, "rb") as f:
             text = f.read()
         with open(corpus, "wb") as f:
             for _ in range(args.copies):

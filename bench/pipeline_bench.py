@@ -70,10 +70,10 @@ def _lines(path):
 def run_hf(args):
     import tokenizers
 
-    from bertjax import data
+    from bertjax.data import bundled
 
     lines = _lines(args.corpus)
-    tok = tokenizers.BertWordPieceTokenizer(data.VOCAB, lowercase=True)
+    tok = tokenizers.BertWordPieceTokenizer(bundled.VOCAB, lowercase=True)
     return _timed(
         lambda: sum(len(e.ids) for e in tok.encode_batch(lines, add_special_tokens=False)),
         args.reps,
@@ -85,19 +85,19 @@ def run_tokenizer(args, fast=False):
     import tensorflow as tf
     import tensorflow_text as tf_text
 
-    from bertjax import data, pretraining_data, tokenization
+    from bertjax.data import bundled, instances, tokenization
 
     if fast:  # what tf-text alone does (its own normalisation, not identical to BERT's on Unicode)
-        vocab = tokenization.read_vocab(data.VOCAB)
+        vocab = tokenization.read_vocab(bundled.VOCAB)
         tok = tf_text.FastBertTokenizer(
             vocab, token_out_type=tf.int32, lower_case_nfd_strip_accents=True
         )
     else:
-        tok = tokenization.create_tokenizer("wordpiece", data.VOCAB, True)
-    lines = pretraining_data.line_dataset(args.corpus).batch(2048)
+        tok = tokenization.create_tokenizer("wordpiece", bundled.VOCAB, True)
+    lines = instances.line_dataset(args.corpus).batch(2048)
     count = tf.autograph.experimental.do_not_convert(
         lambda x: tf.reduce_sum(tok.tokenize(x).row_lengths())
-    )  # as in the pipeline (pretraining_data.tokenized_line_batches)
+    )  # as in the pipeline (instances.tokenized_line_batches)
     lines = lines.map(count, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     return _timed(lambda: sum(int(n) for n in lines.as_numpy_iterator()), args.reps)
 
@@ -117,17 +117,15 @@ def run_pipeline(args, max_batches=None):
     import tensorflow  # noqa: F401  (process start-up, not pipeline work: excluded like HF's)
     import tensorflow_text  # noqa: F401
 
-    from bertjax import data_sources, input_pipeline
+    from bertjax.data import pipeline, sources
 
     with tempfile.TemporaryDirectory() as cache_dir:
         config = _config(args, cache_dir)
         kwargs = dict(batch_size=args.batch_size, seed=0, process_index=0, process_count=1)
         start, cpu_start = time.perf_counter(), time.process_time()
-        dataset = input_pipeline.create_pretrain_dataset(config, **kwargs)
+        dataset = pipeline.create_pretrain_dataset(config, **kwargs)
         built = time.perf_counter() - start
-        table = data_sources.open_or_build(
-            config, data_sources.create_tokenizer(config), "train", 0
-        )
+        table = sources.open_or_build(config, sources.create_tokenizer(config), "train", 0)
         epoch = -(-table.num_rows // args.batch_size)
         count = epoch if max_batches is None else min(max_batches, epoch)
         for _ in dataset.take(count):
@@ -227,9 +225,9 @@ def main():
         result["peak_rss_mb"] = _peak_rss_mb()
         print(json.dumps(result))
         return
-    from bertjax import data
+    from bertjax.data import bundled
 
-    corpus = args.corpus or data.TRAIN_CORPUS
+    corpus = args.corpus or bundled.TRAIN_CORPUS
     modes = ("hf", "rss10", "tok", "hf", "pipeline", "fastbert")
     rounds, loads = [], [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:

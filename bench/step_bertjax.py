@@ -1,32 +1,27 @@
-"""bertjax's pretraining train step (bertjax.train.train_step, jitted once) on the shared workloads.
+"""bertjax's pretraining train step (bertjax.pretrain.step.train_step, jitted once) on the shared
+workloads, beside the peers of ../shared/bench/peers (copy it there; bench/run_steps.sh does).
 
 # venv: bertjax
-# variants: jit xla blas nocache defaultmalloc fulllast
+# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast
 
-Usage: copy next to ../shared/bench/peers/common.py, then python step_bertjax.py --workload W1
-While `import bertjax` fails this records 'skipped' and exits 3, so run_all.sh keeps going.
-Variants: ``jit`` is the default configuration (``model.matmul='auto'``: on this one-device CPU
-process the MKL GEMM kernel of bertjax/cpu_gemm.py on an Intel CPU, XLA's own dots elsewhere);
-``xla`` and ``blas`` pin ``model.matmul`` to XLA's dot kernels or the MKL kernel for the
-side-by-side comparison (the notes say which one ``jit`` picked and why). Like ``python -m
-bertjax.main``, every variant first re-executes itself with transparent huge pages for malloc's
-large blocks and bertjax's big-block cache preloaded (``bertjax.cpu_malloc.reexec_with_huge_pages``:
-XLA's per-step temporary buffer is then reused from step to step instead of faulting in again),
-except ``nocache``, which is ``jit`` with the huge pages only (``BERTJAX_CPU_MALLOC=hugepages``),
-and ``defaultmalloc``, which is ``jit`` with glibc's defaults, to show what each is worth, and
-``fulllast``, which is ``jit`` with the last encoder
-layer run at every position (``model.gather_last_layer=False``; by default pretraining runs it
-only at [CLS] and the masked positions, which the heads read). The notes give the median minor
-page faults and system CPU seconds per measured step (``getrusage``), where that difference
-shows.
-build_step() uses bertjax's own model, losses and optimizer (``bertjax.train.train_step``
-jitted once with donated state, one CPU device), keeping the contract shared by every step_*.py:
-  * shapes and hyper-parameters from common.load_workload(name) (layers, hidden, heads, ffn,
-    seq, batch, vocab_size, n_masked, dropout, AdamW settings),
-  * inputs from common.make_batch(w) (same synthetic ids/positions/labels as the peers),
-  * MLM loss on the n_masked gathered positions + NSP loss, fp32, one jitted step,
-  * step() must block until the step is done (e.g. float(loss)) and return the loss,
-  * report with common.emit_step("bertjax-<variant>", ...).
+Usage: python step_bertjax.py --workload W1 [--variant jit]. While `import bertjax` fails this
+records 'skipped' and exits 3, so run_all.sh keeps going.
+
+Variants: ``jit`` is exactly what ``python -m bertjax.main`` runs (glibc's malloc, the last encoder
+layer at [CLS] and the masked positions only). The allocator variants are ``jit`` in a process
+started with another well-kept malloc preloaded (the opt-in documented in the README: XLA:CPU
+mallocs each step's large temporary buffer and glibc unmaps it after the step, so every step
+faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` and ``tcmalloc``
+(Debian's libjemalloc2 / libtcmalloc-minimal4), ``hugepages`` (glibc with
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: transparent huge pages for malloc's mmaps). A variant
+whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
+(``model.gather_last_layer=False``). The notes give the median minor page faults and system CPU
+seconds per measured step (``getrusage``), where allocators differ.
+
+build_step() keeps the contract shared by every step_*.py: shapes and hyper-parameters from
+common.load_workload(name), inputs from common.make_batch(w), MLM on the gathered positions +
+NSP, fp32, one jitted step that blocks until done and returns the loss, reported with
+common.emit_step("bertjax-<variant>", ...).
 """
 
 import argparse
@@ -44,12 +39,12 @@ def build_step(w, variant):
     import ml_collections
     import numpy as np
 
-    from bertjax import cpu_gemm, optimizer, train
-    from bertjax import sharding as sh
-    from bertjax.heads import BertForPreTraining
-    from bertjax.model import BertConfig
+    from bertjax.model.config import BertConfig
+    from bertjax.model.heads import BertForPreTraining
+    from bertjax.pretrain import step as step_lib
+    from bertjax.training import optimizer
+    from bertjax.training import sharding as sh
 
-    matmul = variant if variant in cpu_gemm.MATMULS else "auto"
     bert_config = BertConfig(
         vocab_size=w["vocab_size"],
         hidden_size=w["hidden"],
@@ -61,7 +56,6 @@ def build_step(w, variant):
         hidden_dropout_rate=w["hidden_dropout_prob"],
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
-        matmul=cpu_gemm.resolve(matmul),
         gather_last_layer=variant != "fulllast",
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
@@ -83,8 +77,8 @@ def build_step(w, variant):
     schedule = optimizer.learning_rate_schedule(opt_config, 1)
     mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     seq, masked = w["seq"], w["n_masked"]
-    _, shardings = train.state_shardings(model, tx, mesh, sh.DEFAULT_RULES, seq, masked)
-    state = train.init_train_state(model, tx, shardings, jax.random.key(w["seed"]), seq, masked)
+    _, shardings = step_lib.state_shardings(model, tx, mesh, sh.DEFAULT_RULES, seq, masked)
+    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(w["seed"]), seq, masked)
     peer = common.make_batch(w)
     host_batch = {
         "input_ids": peer["input_ids"],
@@ -95,17 +89,17 @@ def build_step(w, variant):
         "masked_lm_weights": np.ones(peer["masked_lm_ids"].shape, np.float32),
         "next_sentence_labels": peer["next_sentence_labels"],
     }
-    step_fn = train.jit_train_step(
+    step_fn = step_lib.jit_train_step(
         model,
         tx,
         schedule,
-        train.StepConfig(),
+        step_lib.StepConfig(),
         mesh,
         sh.DEFAULT_RULES,
         shardings,
-        train.abstract_batch(w["batch"], seq, masked),
+        step_lib.abstract_batch(w["batch"], seq, masked),
     )
-    batch = train.make_global_batch(host_batch, mesh)
+    batch = sh.make_global_batch(host_batch, mesh)
     rng = jax.random.key_data(jax.random.key(1))
     holder = {"state": state}
 
@@ -117,9 +111,45 @@ def build_step(w, variant):
         step.rusage.append((after.ru_minflt - before.ru_minflt, after.ru_stime - before.ru_stime))
         return loss
 
-    step.matmul = cpu_gemm.describe(matmul)
     step.rusage = []  # (minor page faults, system CPU s) of each call
     return step
+
+
+ALLOCATORS = {  # variant -> shared library preloaded in its place
+    "jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "tcmalloc": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+}
+
+
+def _library(variant: str) -> str:
+    if variant == "mimalloc":
+        import importlib.metadata
+
+        files = importlib.metadata.files("cmeel-mimalloc") or []
+        found = [f.locate() for f in files if str(f).endswith("lib/libmimalloc.so")]
+        if not found:
+            raise FileNotFoundError("cmeel-mimalloc is not installed (pip install cmeel-mimalloc)")
+        return str(found[0])
+    if not os.path.exists(ALLOCATORS[variant]):
+        raise FileNotFoundError(f"{ALLOCATORS[variant]} is missing (apt-get install ...)")
+    return ALLOCATORS[variant]
+
+
+def _with_allocator(variant: str) -> str:
+    """Re-executes this process once with the variant's malloc; returns what runs."""
+    if variant not in (*ALLOCATORS, "mimalloc", "hugepages"):
+        return "glibc (as python -m bertjax.main)"
+    env = dict(os.environ)
+    if variant == "hugepages":
+        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+        described = "glibc with glibc.malloc.hugetlb=1"
+    else:
+        env["LD_PRELOAD"] = _library(variant)
+        described = f"{variant} ({env['LD_PRELOAD']})"
+    if os.environ.get("BERTJAX_BENCH_ALLOCATOR") != variant:
+        env["BERTJAX_BENCH_ALLOCATOR"] = variant
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    return described
 
 
 def main():
@@ -132,16 +162,9 @@ def main():
     w = common.load_workload(args.workload)
     impl = f"bertjax-{args.variant}"
     try:
-        from bertjax import cpu_malloc
-
-        if args.variant == "nocache":
-            os.environ[cpu_malloc.ENV_SWITCH] = cpu_malloc.HUGE_PAGES_ONLY
-        if args.variant != "defaultmalloc":
-            cpu_malloc.reexec_with_huge_pages()  # what `python -m bertjax.main` does first
-        malloc = cpu_malloc.status()
-        same_as_jit = ("defaultmalloc", "nocache")
-        step = build_step(w, "jit" if args.variant in same_as_jit else args.variant)
-    except (ImportError, NotImplementedError) as e:
+        malloc = _with_allocator(args.variant)
+        step = build_step(w, args.variant)
+    except (ImportError, NotImplementedError, FileNotFoundError) as e:
         common.emit_skip("step", impl, f"{type(e).__name__}: {e}", w["name"])
         return 3
     warmup = args.warmup if args.warmup is not None else w["warmup_steps"]
@@ -154,10 +177,6 @@ def main():
     measured = step.rusage[-n:] if n else [(0, 0.0)]
     faults = statistics.median(f for f, _ in measured)
     sys_s = statistics.median(s for _, s in measured)
-    cache = cpu_malloc.cache_stats()
-    cache_note = ""
-    if cache:
-        cache_note = f"; big-block cache: {cache['maps']} maps, {cache['reuses']} reuses"
     versions = {
         "jax": jax.__version__,
         "bertjax": getattr(bertjax, "__version__", "?"),
@@ -172,8 +191,8 @@ def main():
         losses,
         versions,
         notes=(
-            f"first step includes jit compile; matmul={step.matmul}; {malloc}; per measured step "
-            f"(median): {faults:.0f} minor page faults, {sys_s:.2f} s system CPU{cache_note}"
+            f"first step includes jit compile; malloc: {malloc}; per measured step "
+            f"(median): {faults:.0f} minor page faults, {sys_s:.2f} s system CPU"
         ),
         extra={"compile_s": first},
     )

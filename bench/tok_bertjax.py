@@ -25,7 +25,7 @@ def build_fn(lines, batch=1024):
     """Zero-arg callable: one pass over ``lines`` -> (n_tokens, per_line_ids or None)."""
     import tensorflow as tf
 
-    from bertjax import tokenization
+    from bertjax.data import tokenization
 
     tf.config.set_visible_devices([], "GPU")
     tokenizer = tokenization.WordPieceTokenizer(tokbench.VOCAB, do_lower_case=True)

@@ -1,22 +1,51 @@
-"""What every ``python -m bertjax.<tool>`` shares, written once: absl flags, no positional
-arguments, and bad input reported as one line ``<tool>: error: <message>`` on stderr with exit
-status 1, never a traceback. A tool's ``__main__`` tail is one call::
+"""What every ``python -m bertjax.<command>`` shares, written once: absl flags, no positional
+arguments, and bad input reported as one line ``<command>: error: <message>`` on stderr with exit
+status 1, never a traceback. A command's tail is::
 
-    if __name__ == "__main__":
+    def main() -> None:  # also the console script bertjax-<command>
         cli.run(_run, define_flags, errors=(ConvertError,), prog="convert")
 
-``_run(flag_values)`` does the work and returns an exit status (None = 0); it stays callable from
-tests without a subprocess. Flags are defined only when the module runs as a CLI, so importing
-a tool adds no flags to its importer.
+
+    if __name__ == "__main__":
+        main()
+
+``_run(flag_values)`` does the work and returns an exit status (None = 0); tests drive it
+in-process, one-line errors included, through :func:`call`. Flags are defined only when the module
+runs as a command, so importing it adds no flags to its importer, and TensorFlow is imported
+(quietly, see ``bertjax.startup``) only after the flags are parsed, so ``--help`` answers at once.
+
+``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from absl import app, flags
+
+from bertjax import startup
+
+TRACEBACK_ENV = "BERTJAX_TRACEBACK"
+
+
+def call(
+    main: Callable[[flags.FlagValues], int | None],
+    flag_values: flags.FlagValues,
+    *,
+    errors: tuple[type[Exception], ...] = (ValueError,),
+    prog: str = "",
+) -> int:
+    """``main(flag_values)``'s exit status, or 1 with ``<prog>: error: <message>`` on stderr."""
+    try:
+        return main(flag_values) or 0
+    except errors as e:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 def run(
@@ -25,20 +54,20 @@ def run(
     *,
     errors: tuple[type[Exception], ...] = (ValueError,),
     prog: str = "",
+    tensorflow: bool = True,
 ) -> NoReturn:
-    """Defines the flags, parses argv and exits with ``main(FLAGS)``'s status (``errors`` -> 1)."""
+    """Defines the flags, parses argv and exits with :func:`call`'s status.
+
+    ``tensorflow``: the command needs TensorFlow, imported quietly before ``main``.
+    """
     if define_flags is not None:
         define_flags()
-    prefix = f"{prog}: " if prog else ""
 
     def absl_main(argv: list[str]) -> NoReturn:
         if len(argv) > 1:
             raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-        try:
-            status = main(flags.FLAGS)
-        except errors as e:
-            print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
-            sys.exit(1)
-        sys.exit(status or 0)
+        if tensorflow:
+            startup.import_tensorflow()
+        sys.exit(call(main, flags.FLAGS, errors=errors, prog=prog))
 
     app.run(absl_main)

@@ -17,7 +17,7 @@ Sources (detected from the files when ``--from`` is absent):
   (or any single ``*.ckpt*.index``; ``--src`` may also be the checkpoint prefix), ``vocab.txt``.
   The original code's ``hidden_act: gelu`` is the *tanh* approximation (our ``gelu_tanh``). Only
   the optimizer slots ``*/adam_m``, ``*/adam_v`` and ``global_step`` are ignored.
-* ``bertjax``: a params-only checkpoint (``bertjax.checkpoint`` layout).
+* ``bertjax``: a params-only checkpoint (``bertjax.training.checkpoint`` layout).
 * ``workdir``: a training workdir (``WORKDIR/checkpoints/`` exists): its latest checkpoint.
 
 Any other weight name, a missing weight, a shape that disagrees with the config, or a vocab whose
@@ -42,8 +42,9 @@ import uuid
 import numpy as np
 from absl import flags
 
-from bertjax import checkpoint, cli
-from bertjax.model import BertConfig
+from bertjax import cli
+from bertjax.model.config import BertConfig
+from bertjax.training import checkpoint
 
 
 class ConvertError(ValueError):
@@ -453,7 +454,9 @@ def _tf1_prefix(src: str) -> str:
 
 def read_tf1(src: str, do_lower_case: bool | None = None) -> Converted:
     """Google's original TF1 BERT checkpoint (directory or ckpt prefix) -> :class:`Converted`."""
-    import tensorflow as tf  # noqa: PLC0415 - heavy; only TF1 import needs it
+    from bertjax import startup  # noqa: PLC0415 - TensorFlow is heavy; only TF1 needs it
+
+    tf = startup.import_tensorflow()
 
     prefix = _tf1_prefix(src)
     directory = src if os.path.isdir(src) else os.path.dirname(prefix)
@@ -600,5 +603,9 @@ def _run(fv: flags.FlagValues) -> None:
     print(f"wrote {fv.to} checkpoint to {out}")
 
 
+def main() -> None:  # also the console script bertjax-convert
+    cli.run(_run, _define_flags, errors=(ConvertError,), prog="convert", tensorflow=False)
+
+
 if __name__ == "__main__":
-    cli.run(_run, _define_flags, errors=(ConvertError,), prog="convert")
+    main()

@@ -35,7 +35,8 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli, convert
-from bertjax.model import BertConfig, BertEncoder
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import BertEncoder
 
 _PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
 
@@ -154,7 +155,7 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     """Writes the JSON lines for every line of ``input_file``; returns the number written."""
     import tensorflow as tf  # noqa: PLC0415 - heavy; only the tokenizer needs it
 
-    from bertjax.tokenization import WordPieceTokenizer  # noqa: PLC0415
+    from bertjax.data.tokenization import WordPieceTokenizer  # noqa: PLC0415
 
     try:
         tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes; keep it off the GPU.
@@ -209,6 +210,10 @@ def _run(fv: flags.FlagValues) -> None:
     print(f"wrote features of {n} lines to {fv.output_file}")
 
 
-if __name__ == "__main__":
+def main() -> None:  # also the console script bertjax-extract-features
     # ExtractError, ConvertError, TokenizerError are ValueErrors: one line, no traceback.
-    cli.run(_run, _define_flags, errors=(ValueError,), prog="extract_features")
+    cli.run(_run, _define_flags, prog="extract_features")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,20 +1,19 @@
 """Pretrains BERT: ``python -m bertjax.main --config=configs/tiny.py --workdir=/tmp/tiny``.
 
-Config overrides work as usual, e.g. ``--config.optimizer.learning_rate=5e-5``. Multi-process
-runs (TPU pod slices) call ``jax.distributed.initialize()``: automatically on a multi-host Cloud
-TPU, or explicitly with ``--coordinator_address``, ``--num_processes``, ``--process_id`` (e.g. two
-local CPU processes). Re-running the same command resumes from the workdir's latest checkpoint;
-SIGTERM saves a checkpoint and exits 0. Errors in the config or inputs print one line, exit 1.
+Config overrides work as usual, e.g. ``--config.optimizer.learning_rate=5e-5``. Multi-process runs
+(TPU pod slices) call ``jax.distributed.initialize()``: automatically on a Cloud TPU VM (the hosts
+of the slice come from the TPU metadata), or explicitly with ``--coordinator_address``,
+``--num_processes``, ``--process_id`` (e.g. two local CPU processes). Re-running the same command
+resumes from the workdir's latest checkpoint; SIGTERM saves a checkpoint and exits 0. Errors in the
+config or inputs print one line, exit 1.
 """
 
 from __future__ import annotations
 
-import os
-
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli, cpu_malloc
+from bertjax import cli, startup
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
@@ -27,26 +26,22 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-_DISTRIBUTED = flags.DEFINE_bool(
+_DISTRIBUTED = flags.DEFINE_enum(
     "distributed",
-    False,
-    "Call jax.distributed.initialize() with "
-    "auto-detection (set automatically on multi-host Cloud TPU).",
+    "auto",
+    ["auto", "true", "false"],
+    "Call jax.distributed.initialize() with the cluster's auto-detection. auto: on a Cloud TPU "
+    "VM (it reads the slice's hosts from the TPU metadata; one host is a cluster of one).",
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def _hide_accelerators_from_tensorflow() -> None:
     # TF would otherwise grab GPU/TPU memory that JAX needs; it only runs the host pipeline.
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 - imported quietly by cli.run already
 
     tf.config.set_visible_devices([], "GPU")
     tf.config.set_visible_devices([], "TPU") if tf.config.list_physical_devices("TPU") else None
-
-
-def _multihost_tpu() -> bool:
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    return len([h for h in hosts.split(",") if h]) > 1
 
 
 def _initialize_distributed() -> None:
@@ -56,7 +51,9 @@ def _initialize_distributed() -> None:
         # CPU processes need a cross-process collectives backend; gloo ships with jaxlib.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    elif _DISTRIBUTED.value or _multihost_tpu():
+    elif _DISTRIBUTED.value == "true" or (
+        _DISTRIBUTED.value == "auto" and startup.has_tpu_devices()
+    ):
         jax.distributed.initialize()
 
 
@@ -66,12 +63,15 @@ def _train(flag_values: flags.FlagValues) -> None:
         logging.set_verbosity(logging.WARNING)
     _hide_accelerators_from_tensorflow()
     _initialize_distributed()
-    from bertjax import train_loop  # noqa: PLC0415 - after distributed init
+    from bertjax.pretrain import loop  # noqa: PLC0415 - after distributed init
 
-    train_loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+def main() -> None:  # also the console script bertjax-pretrain
+    # Config and input errors (ValueError, checkpoint.CheckpointError) and a non-finite step.
+    cli.run(_train, errors=(ValueError, FloatingPointError), prog="main")
 
 
 if __name__ == "__main__":
-    cpu_malloc.reexec_with_huge_pages()  # once, before any work (see bertjax.cpu_malloc)
-    # Config and input errors (ValueError, checkpoint.CheckpointError) and a non-finite step.
-    cli.run(_train, errors=(ValueError, FloatingPointError))
+    main()

@@ -3,7 +3,7 @@
     python -m bertjax.tokenize --vocab_file=vocab.txt [--do_lower_case=true|false] < in.txt
 
 No special tokens are added; an empty input line gives an empty output line. Ids are those of
-HuggingFace ``BertTokenizerFast(vocab_file, do_lower_case)`` (see ``bertjax.tokenization``).
+HuggingFace ``BertTokenizerFast(vocab_file, do_lower_case)`` (see ``bertjax.data.tokenization``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import sys
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
-import tensorflow as tf
 from absl import flags
 
-from bertjax import cli, tokenization
+from bertjax import cli
 
 _BATCH_LINES = 4096
 
@@ -40,9 +39,7 @@ def _batches(stream: BinaryIO) -> Iterator[list[str]]:
         try:
             batch.append(raw.decode("utf-8").removesuffix("\n"))
         except UnicodeDecodeError as e:
-            raise tokenization.TokenizerError(
-                f"stdin line {number}: not UTF-8 ({e.reason})"
-            ) from None
+            raise ValueError(f"stdin line {number}: not UTF-8 ({e.reason})") from None
         if len(batch) == _BATCH_LINES:
             yield batch
             batch = []
@@ -50,10 +47,10 @@ def _batches(stream: BinaryIO) -> Iterator[list[str]]:
         yield batch
 
 
-def tokenize_stream(
-    tokenizer: tokenization.WordPieceTokenizer, stream: BinaryIO, out: TextIO
-) -> None:
-    """Writes one line of ids per line of ``stream``."""
+def tokenize_stream(tokenizer, stream: BinaryIO, out: TextIO) -> None:
+    """Writes one line of ids per line of ``stream`` (``tokenizer``: a WordPieceTokenizer)."""
+    import tensorflow as tf
+
     tokenize = tf.function(tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
     for lines in _batches(stream):
         ids = tokenize(tf.constant(lines, tf.string))
@@ -62,19 +59,19 @@ def tokenize_stream(
 
 
 def run(flag_values: flags.FlagValues, stdin: BinaryIO, stdout: TextIO) -> int:
-    """The CLI on parsed flags; returns the exit status (errors as one line on stderr)."""
-    try:
-        if not flag_values.vocab_file:
-            raise tokenization.TokenizerError("--vocab_file is required")
-        tokenizer = tokenization.WordPieceTokenizer(
-            flag_values.vocab_file, flag_values.do_lower_case
-        )
-        tokenize_stream(tokenizer, stdin, stdout)
-    except tokenization.TokenizerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    """The command on parsed flags; bad input raises ValueError (TokenizerError)."""
+    from bertjax.data import tokenization  # TensorFlow: only after the flags parsed
+
+    if not flag_values.vocab_file:
+        raise ValueError("--vocab_file is required")
+    tokenizer = tokenization.WordPieceTokenizer(flag_values.vocab_file, flag_values.do_lower_case)
+    tokenize_stream(tokenizer, stdin, stdout)
     return 0
 
 
+def main() -> None:  # also the console script bertjax-tokenize
+    cli.run(lambda fv: run(fv, sys.stdin.buffer, sys.stdout), define_flags, prog="tokenize")
+
+
 if __name__ == "__main__":
-    cli.run(lambda fv: run(fv, sys.stdin.buffer, sys.stdout), define_flags)
+    main()

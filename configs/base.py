@@ -9,15 +9,15 @@ override only what differs. Library code reads ``config.x`` and never supplies i
 import ml_collections
 from ml_collections.config_dict import FieldReference
 
-from bertjax import data as bundled_data
-from bertjax import sharding
+from bertjax.data import bundled
+from bertjax.training import sharding
 
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
 
-    # ---- model (owner: model.py; fields of bertjax.model.BertConfig) ----
+    # ---- model (owner: bertjax.model; fields of bertjax.model.config.BertConfig) ----
     config.model = ml_collections.ConfigDict()
     config.model.vocab_size = 30522
     config.model.hidden_size = 768
@@ -36,33 +36,29 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.attention = "bidirectional"  # 'causal' = the paper's left-to-right ablation
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
-    # auto | xla | blas. 'blas' runs dense layers and the MLM decoder as MKL GEMMs (XLA FFI, one
-    # CPU device, float32; bertjax/cpu_gemm.py); 'auto' picks it on a single-device run on an Intel
-    # CPU (MKL is slower than XLA's dots elsewhere), else XLA's dots. The run prints its choice.
-    config.model.matmul = "auto"
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
     # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still
     # see every position): the same loss and gradients, ~(L-1-P)/L of one layer's work less.
     # Unscanned layers only (scan_layers runs the last layer in full). False: every position.
     config.model.gather_last_layer = True
 
-    # ---- data (owner: input_pipeline.py; batch contract in its docstring) ----
+    # ---- data (owner: bertjax.data.pipeline; batch contract in its docstring) ----
     config.data = ml_collections.ConfigDict()
     config.data.source = "text"  # text (BERT-format files) | tfds | tfrecord (pre-masked)
     # Glob(s) of training input: text (one sentence per line, blank line between documents,
     # .gz ok) or TFRecords. Default: the bundled King James corpus (bertjax/data). A list of
     # globs or one string of comma-separated globs; typed `object` so that both a config file's
     # list and the command line's `--config.data.input_files=a.txt,b/*.txt` are accepted.
-    config.data.input_files = FieldReference([bundled_data.TRAIN_CORPUS], field_type=object)
+    config.data.input_files = FieldReference([bundled.TRAIN_CORPUS], field_type=object)
     config.data.eval_input_files = FieldReference(  # held-out documents / TFRecords
-        [bundled_data.EVAL_CORPUS], field_type=object
+        [bundled.EVAL_CORPUS], field_type=object
     )
     config.data.tfds_name = ""  # source='tfds': a prepared TFDS builder, e.g. 'wikipedia/...'
     config.data.tfds_data_dir = ""  # its local data_dir (nothing is downloaded)
     config.data.tfds_split = "train"
     config.data.tfds_eval_split = "validation"
     config.data.tfds_text_field = "text"  # one document per example, split into sentences
-    config.data.vocab_file = bundled_data.VOCAB  # vocab.txt (wordpiece) or .model (sentencepiece)
+    config.data.vocab_file = bundled.VOCAB  # vocab.txt (wordpiece) or .model (sentencepiece)
     config.data.tokenizer = "wordpiece"  # wordpiece | sentencepiece
     config.data.do_lower_case = True
     config.data.max_seq_length = 128  # L; the paper: 128 for 90% of steps, then 512
@@ -79,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 
-    # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: train_loop.py) ----
+    # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: bertjax.pretrain) ----
     # Params-only bertjax checkpoint (e.g. converted from HF/TF) used when the workdir has none.
     config.init_checkpoint = ""
 
@@ -97,8 +93,8 @@ def get_config() -> ml_collections.ConfigDict:
     # On a non-finite loss or gradient: False = stop with an error naming the step; True = skip
     # the update (params and optimizer state unchanged) and count it.
     config.train.skip_nonfinite = False
-    # Peak FLOP/s of ONE device for MFU; 0 = the table's peak for known TPUs/GPUs, else (CPU)
-    # the fp32 matmul ceiling measured at start-up (~0.5 s): MFU vs the measured ceiling.
+    # Peak FLOP/s of ONE device for MFU; 0 = the table's dense bf16 peak for known TPUs/GPUs
+    # (bertjax.training.accelerators); on CPU, 0 = no MFU (the log shows achieved GFLOP/s).
     config.train.peak_flops = 0.0
     # Random batches of the right shapes instead of config.data (benchmarks, smoke tests).
     config.train.synthetic_data = False
@@ -124,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.mesh = ml_collections.ConfigDict()
     # Sizes of the ('data', 'fsdp', 'tensor') mesh axes; one -1 takes the remaining devices.
     config.mesh.shape = (-1, 1, 1)
-    # Logical axis -> mesh axes (see bertjax.sharding); the batch is split over data x fsdp.
+    # Logical axis -> mesh axes (see bertjax.training.sharding); the batch is split over data x
+    # fsdp.
     config.mesh.rules = sharding.DEFAULT_RULES
     return config

@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import base  # noqa: E402
 
-from bertjax.model import SIZES  # noqa: E402
+from bertjax.model.config import SIZES  # noqa: E402
 
 
 def get_config(size: str = "base"):

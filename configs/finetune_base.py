@@ -9,7 +9,7 @@ The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py, finetune
 
 import ml_collections
 
-from bertjax import sharding
+from bertjax.training import sharding
 
 
 def get_config(**overrides) -> ml_collections.ConfigDict:
@@ -34,7 +34,6 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.model.dtype = "float32"
     config.model.scan_layers = False
     config.model.remat_policy = "none"
-    config.model.matmul = "auto"  # auto | xla | blas (see configs/base.py)
 
     config.max_seq_length = 128
     config.batch_size = 32  # global train batch (paper: 32)
@@ -44,7 +43,7 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.warmup_proportion = 0.1  # linear warmup over this fraction of the steps
     config.log_every_steps = 50
 
-    # bertjax.optimizer keys; learning_rate and warmup_steps are set from the keys above.
+    # bertjax.training.optimizer keys; learning_rate and warmup_steps are set from the keys above.
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "bert_adamw"  # the original AdamWeightDecayOptimizer
     config.optimizer.learning_rate = 0.0
@@ -70,7 +69,7 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.null_score_diff_threshold = 0.0
 
     # The device mesh, as in pretraining (configs/base.py): ('data', 'fsdp', 'tensor') sizes, one
-    # -1 takes the remaining devices; logical axis -> mesh axes rules (bertjax.sharding).
+    # -1 takes the remaining devices; logical axis -> mesh axes rules (bertjax.training.sharding).
     config.mesh = ml_collections.ConfigDict()
     config.mesh.shape = (-1, 1, 1)
     config.mesh.rules = sharding.DEFAULT_RULES

@@ -10,7 +10,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import base  # noqa: E402
 
-from bertjax import data  # noqa: E402
+from bertjax.data import bundled  # noqa: E402
 
 
 def _vocab_size(path: str) -> int:
@@ -20,7 +20,7 @@ def _vocab_size(path: str) -> int:
 
 def get_config():
     config = base.get_config()
-    paths = data.bundled_paths()
+    paths = bundled.bundled_paths()
     config.model.update(
         dict(
             num_layers=2,

@@ -1,26 +1,16 @@
-"""The bundled default corpus (King James Bible, public domain) and its WordPiece vocab.
+"""Stage 1, text -> batches, on the host. No JAX is imported anywhere in this package.
 
-Plain-text BERT format (one sentence per line, blank line between documents; one document per
-chapter), gzip'd. See ``PROVENANCE.md`` for the source, licence and how the files were made.
-Importing this module is cheap (no TensorFlow).
+Modules in the order data flows through them:
+
+* ``bundled``: the default corpus and vocab that ship with the package (``corpus/``).
+* ``tokenization`` (+ ``unicode_tables``): in-graph WordPiece / SentencePiece on tensorflow-text,
+  ids identical to HuggingFace ``BertTokenizerFast``.
+* ``vocab``: building a WordPiece vocab or a SentencePiece model from a corpus.
+* ``sources``: input globs, the cached instance table of a text/TFDS corpus, work units.
+* ``instances``: documents -> unmasked A/B instances (NSP pairing), as the original.
+* ``masking``: seeded 80/10/10 MLM masking on numpy batches.
+* ``tfrecords``: the original BERT TFRecord format: writing, checking, per-host reading.
+* ``pipeline``: the per-host ``tf.data`` pipeline; its docstring is the batch contract.
+* ``offline``: corpus -> sharded masked TFRecords in parallel worker processes.
+* ``stats``: what a user needs to trust a dataset (mask rate, NSP balance, lengths, ...).
 """
-
-import pathlib
-from typing import NamedTuple
-
-_HERE = pathlib.Path(__file__).parent
-
-TRAIN_CORPUS = str(_HERE / "kjv_train.txt.gz")  # 1160 chapters, ~4.0 MB of text
-EVAL_CORPUS = str(_HERE / "kjv_eval.txt.gz")  # 29 held-out chapters (every 40th)
-VOCAB = str(_HERE / "kjv_vocab_uncased.txt")  # uncased WordPiece built from TRAIN_CORPUS
-
-
-class BundledPaths(NamedTuple):
-    train: str
-    eval: str
-    vocab: str
-
-
-def bundled_paths() -> BundledPaths:
-    """Returns the absolute paths of the bundled train corpus, eval corpus and vocab."""
-    return BundledPaths(TRAIN_CORPUS, EVAL_CORPUS, VOCAB)

@@ -1,52 +1,46 @@
 """``python -m bertjax.finetune --config=configs/finetune_glue.py --workdir=OUT [--config.x=...]``.
 
-Thin entry point: parses flags and dispatches on ``config.mode`` (see ``bertjax.finetune.train``).
-Bad input is printed as one line and exits non-zero.
+Thin entry point: parses flags and dispatches on ``config.mode`` (see ``bertjax.finetune.loop``).
+Bad input is printed as one line and exits 1.
 """
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from bertjax import cpu_malloc
-from bertjax.checkpoint import CheckpointError
-from bertjax.convert import ConvertError
-from bertjax.finetune.tasks import FinetuneInputError
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "fine-tuning config file", lock_config=True
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
-flags.mark_flags_as_required(["config", "workdir"])
+from bertjax import cli
 
 MODES = ("train", "predict", "sweep")
 
 
-def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.info("%s", cpu_malloc.status())
-    from bertjax.finetune import sweep, train
+def _define_flags() -> None:
+    config_flags.DEFINE_config_file("config", None, "fine-tuning config file", lock_config=True)
+    flags.DEFINE_string("workdir", None, "output directory")
+    flags.mark_flags_as_required(["config", "workdir"])
 
-    config, workdir = _CONFIG.value, _WORKDIR.value
-    try:
-        if config.mode not in MODES:
-            raise FinetuneInputError(f"config.mode={config.mode!r}: expected one of {MODES}")
-        if config.mode == "train":
-            results = train.train_and_evaluate(config, workdir)
-            logging.info("dev results: %s", results["dev"])
-        elif config.mode == "predict":
-            logging.info("wrote %s", train.predict(config, workdir))
-        else:
-            logging.info("sweep best: %s", sweep.sweep(config, workdir)["best"])
-    except (FinetuneInputError, CheckpointError, ConvertError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+
+def _run(flag_values: flags.FlagValues) -> None:
+    from bertjax.finetune import loop, sweep
+    from bertjax.finetune.tasks import FinetuneInputError
+
+    if not flag_values["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # the user's view is the printed progress lines
+    config, workdir = flag_values.config, flag_values.workdir
+    if config.mode not in MODES:
+        raise FinetuneInputError(f"config.mode={config.mode!r}: expected one of {MODES}")
+    if config.mode == "train":
+        loop.train_and_evaluate(config, workdir)
+    elif config.mode == "predict":
+        print(f"wrote {', '.join(loop.predict(config, workdir))}", flush=True)
+    else:
+        sweep.sweep(config, workdir)
+
+
+def main() -> None:  # also the console script bertjax-finetune
+    # FinetuneInputError, CheckpointError and ConvertError are ValueErrors.
+    cli.run(_run, _define_flags, prog="finetune")
 
 
 if __name__ == "__main__":
-    cpu_malloc.reexec_with_huge_pages()  # once, before any work (see bertjax.cpu_malloc)
-    app.run(main)
+    main()

@@ -1,14 +1,14 @@
 """The fine-tuning train step and the device mesh it runs on (the pretraining contract).
 
-``train_step(state, batch, rng) -> (state, metrics)`` is pure; :class:`Runner` jits it once per
-run length with in/out shardings and the state donated. The mesh is ``config.mesh.shape`` over
-the ``('data', 'fsdp', 'tensor')`` axes and the params are sharded by their logical axes through
-``config.mesh.rules``, as in pretraining (``bertjax.sharding``): the state is built abstractly
-(``jax.eval_shape``), its shardings come from the logical axes, and it is materialised by a
-jitted init with ``out_shardings``; batches are split over ``('data', 'fsdp')``. Every process
-holds the whole (small) fine-tuning set and the whole global batch, and places only the shards
-of its own devices (``bertjax.train.put_global``). The dropout key is
-``fold_in(rng, state.step)``; metrics are sums divided on the host.
+``train_step(state, batch, rng) -> (state, metrics)`` is pure; :class:`Runner` jits it once per run
+length with in/out shardings and the state donated. The mesh is ``config.mesh.shape`` over the
+``('data', 'fsdp', 'tensor')`` axes and the params are sharded by their logical axes through
+``config.mesh.rules``, as in pretraining (``bertjax.training.sharding``): the state is built
+abstractly (``jax.eval_shape``), its shardings come from the logical axes, and it is materialised by
+a jitted init with ``out_shardings``; batches are split over ``('data', 'fsdp')``. Every process
+holds the whole (small) fine-tuning set and the whole global batch, and places only the shards of
+its own devices (``bertjax.training.sharding.put_global``). The dropout key is ``fold_in(rng,
+state.step)``; metrics are sums divided on the host.
 """
 
 from __future__ import annotations
@@ -26,12 +26,24 @@ import optax
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import cpu_gemm, losses, optimizer
-from bertjax import sharding as sh
 from bertjax.finetune.tasks import FinetuneInputError
-from bertjax.train import put_global
+from bertjax.model import heads, losses
+from bertjax.model.config import BertConfig
+from bertjax.training import optimizer
+from bertjax.training import sharding as sh
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
+
+
+def build_model(task, bert_config: BertConfig) -> nn.Module:
+    """The model of ``task.head`` (``bertjax.model.heads``) on ``bert_config``."""
+    if task.head in ("classification", "regression"):
+        return heads.BertForSequenceClassification(bert_config, task.num_labels)
+    if task.head == "span":
+        return heads.BertForQuestionAnswering(bert_config)
+    if task.head == "tagging":
+        return heads.BertForTokenClassification(bert_config, task.num_labels)
+    return heads.BertForMultipleChoice(bert_config)
 
 
 def model_input_specs(example: dict) -> list[jax.ShapeDtypeStruct]:
@@ -115,8 +127,6 @@ class Runner:
         self.task, self.model, self.config = task, model, config
         self.mesh = sh.create_mesh(config.mesh.shape, devices)
         self.rules = sh.normalize_rules(config.mesh.rules)
-        if error := cpu_gemm.mesh_error(model.config.matmul, self.mesh.size):
-            raise FinetuneInputError(error)
         shards = sh.num_batch_shards(self.mesh)
         for name in ("batch_size", "eval_batch_size"):
             if config[name] % shards:
@@ -149,7 +159,7 @@ class Runner:
         """Host (or differently placed) params -> global arrays in the param shardings."""
         shardings = self.param_shardings(example)
         return jax.tree.map(
-            lambda x, s: x if isinstance(x, jax.Array) and x.sharding == s else put_global(x, s),
+            lambda x, s: x if isinstance(x, jax.Array) and x.sharding == s else sh.put_global(x, s),
             params,
             shardings,
         )
@@ -192,12 +202,12 @@ class Runner:
         if num_train_steps not in self._steps:
             self._steps[num_train_steps] = self._compile(num_train_steps, example)
         schedule, shardings, init, step = self._steps[num_train_steps]
-        params = jax.tree.map(put_global, params, shardings.params)  # a fresh copy to donate
-        state = self._call(init, params, put_global(np.float32(learning_rate), self.replicated))
+        params = jax.tree.map(sh.put_global, params, shardings.params)  # a fresh copy to donate
+        state = self._call(init, params, sh.put_global(np.float32(learning_rate), self.replicated))
 
         def run(state, host_batch, rng):
             batch = {
-                k: put_global(v, sh.batch_sharding(self.mesh, np.ndim(v)))
+                k: sh.put_global(v, sh.batch_sharding(self.mesh, np.ndim(v)))
                 for k, v in host_batch.items()
             }
             return self._call(step, state, batch, rng)
@@ -221,7 +231,7 @@ class Runner:
         for start in range(0, n, size):
             rows = {k: features.arrays[k][start : start + size] for k in MODEL_INPUTS}
             real = len(rows["input_ids"])
-            batch = {k: put_global(_pad_rows(v, size), inputs[k]) for k, v in rows.items()}
+            batch = {k: sh.put_global(_pad_rows(v, size), inputs[k]) for k, v in rows.items()}
             outputs.append(np.asarray(self._call(self._logits, params, batch))[:real])
         return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 import jax
-from absl import logging
 
+from bertjax.finetune import inputs, tasks
+from bertjax.finetune import loop as T
 from bertjax.finetune import step as step_lib
-from bertjax.finetune import train as T
 
 
 def _table(rows: list[dict], metric: str, best: int) -> str:
@@ -32,17 +32,19 @@ def _table(rows: list[dict], metric: str, best: int) -> str:
 def sweep(config, workdir: str) -> dict:
     """Runs the grid; returns {"rows": [...], "best": index}."""
     os.makedirs(workdir, exist_ok=True)
-    task, pretrained, bert_config, vocab_file, lower, tokenizer = T._prepare(config)
-    test_splits = T._existing(task, config, task.test_splits)
-    data = T._Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
-    model = T.build_model(task, bert_config)
+    task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
+    test_splits = inputs.existing_splits(task, config, task.test_splits)
+    data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
+    model = step_lib.build_model(task, bert_config)
     runner = step_lib.Runner(task, model, config)
     train_features = data.features[task.train_split]
     rows, best, best_params = [], -1, None
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
             seed = config.seed + restart
-            params = T.init_params(model, pretrained, train_features.arrays, jax.random.key(seed))
+            params = inputs.init_params(
+                model, pretrained, train_features.arrays, jax.random.key(seed)
+            )
             params, loss = T.fit(
                 runner, params, train_features, learning_rate=learning_rate, seed=seed
             )
@@ -61,12 +63,10 @@ def sweep(config, workdir: str) -> dict:
                     },
                 }
             )
-            logging.info(
-                "sweep lr=%g seed=%d dev %s=%.2f",
-                learning_rate,
-                seed,
-                task.primary_metric,
-                first[task.primary_metric],
+            print(
+                f"sweep lr={learning_rate:g} seed={seed}: dev {task.primary_metric} "
+                f"{first[task.primary_metric]:.2f}",
+                flush=True,
             )
             score = first[task.primary_metric]
             if best < 0 or score > rows[best]["score"]:
@@ -75,7 +75,7 @@ def sweep(config, workdir: str) -> dict:
     out_dir = os.path.join(workdir, "predictions")
     T.evaluate_and_write(runner, task, best_params, data, task.dev_splits, out_dir)
     T.evaluate_and_write(runner, task, best_params, data, test_splits, out_dir, with_labels=False)
-    T._save(workdir, best_params, bert_config, vocab_file, lower)
+    T.save(workdir, best_params, bert_config, vocab_file, lower)
     result = {
         "task": task.name,
         "primary_metric": task.primary_metric,
@@ -84,8 +84,8 @@ def sweep(config, workdir: str) -> dict:
         "batch_size": config.batch_size,
         "num_train_epochs": config.num_train_epochs,
     }
-    T._write_json(os.path.join(workdir, "sweep_results.json"), result)
-    T.tasks.write_text_atomically(
+    T.write_json(os.path.join(workdir, "sweep_results.json"), result)
+    tasks.write_text_atomically(
         os.path.join(workdir, "sweep_results.md"), _table(rows, task.primary_metric, best)
     )
     return result

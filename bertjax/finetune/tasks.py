@@ -2,7 +2,7 @@
 
 A task (``glue.GlueTask``, ``squad.SquadTask``, ``ner.NerTask``, ``swag.SwagTask``) has::
 
-    name, head        head in HEADS: which model of ``bertjax.heads`` and which loss
+    name, head        head in HEADS: which model of ``bertjax.model.heads`` and which loss
     num_labels        classes per example (classification, tagging); 1 for regression
     train_split       the split name fine-tuned on; dev_splits / test_splits: evaluated / predicted
     primary_metric    the dev metric the learning-rate sweep selects by
@@ -69,7 +69,7 @@ class Features:
 
 def load_tokenizer(vocab_file: str, do_lower_case: bool):
     """The project's WordPiece tokenizer (``.encode``, ``.cls_id``, ``.sep_id``, ``.pad_id``)."""
-    from bertjax import tokenization  # TensorFlow import: only when a task needs it.
+    from bertjax.data import tokenization  # TensorFlow import: only when a task needs it.
 
     return tokenization.WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
 

@@ -8,7 +8,7 @@ the file stays plain UTF-8 text.
 
 # ruff: noqa
 import json, pathlib, random, unicodedata
-from bertjax import unicode_tables as U
+from bertjax.data import unicode_tables as U
 
 rng = random.Random(20181011)
 L = []

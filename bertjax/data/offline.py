@@ -1,0 +1,238 @@
+"""Offline pretraining data: text corpus -> masked MLM+NSP TFRecords (the original's format).
+
+The command is ``python -m bertjax.create_pretraining_data``
+(``bertjax/create_pretraining_data.py``, the original script's flags). Records parse with the
+original ``run_pretraining.py`` spec (``bertjax.data.tfrecords``).
+
+Unlike the original it streams with bounded memory and uses every core: one pass (no
+tokenizing) cuts the corpus at document starts into work units of ``--work_unit_bytes`` of text
+and at least 2 documents (``sources.work_units``); spawned worker processes (TensorFlow in
+each) tokenize, pair, shuffle (a bounded buffer of ``--shuffle_buffer`` instances), mask and
+serialize one unit at a time into scratch files, which this process appends to the output
+shards in unit order. Record ``j`` of unit ``u`` goes to shard ``(u + j) % num_shards``, so
+every shard holds a slice of every unit. All randomness is keyed by ``(--random_seed, unit)``:
+the output is a pure function of the flags and the corpus, identical for any ``--num_workers``.
+NotNext segments are drawn from up to ``--random_doc_pool`` documents around the current one
+*within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
+instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`` input is
+decompressed from its start by each of its units (cheap for files of up to a few hundred MB;
+split larger ones). Shards are written under temporary names and renamed at the end. Prints
+the ``bertjax.data.stats`` summary when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import random
+import shutil
+import tempfile
+
+import numpy as np
+
+from bertjax.data import instances, masking, sources, stats, tfrecords
+from bertjax.data.instances import DataError
+
+_BLOCK = 512  # instances masked and serialized together
+
+
+def output_paths(output_file: str, num_shards: int) -> list[str]:
+    paths = [p for p in output_file.split(",") if p]
+    if not paths:
+        raise DataError("--output_file is empty")
+    if num_shards < 1:
+        raise DataError(f"--num_output_shards={num_shards}: need >= 1")
+    if num_shards > 1:
+        if len(paths) > 1:
+            raise DataError("use either a comma list in --output_file or --num_output_shards")
+        paths = [f"{paths[0]}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
+    return paths
+
+
+def shuffled(blocks, buffer_size: int, rng: random.Random):
+    """Streams rows from instance blocks through a bounded random-replacement buffer."""
+    buffer = []
+    for block in blocks:
+        for row in block:
+            if len(buffer) < buffer_size:
+                buffer.append(row)
+                continue
+            i = rng.randrange(buffer_size)
+            yield buffer[i]
+            buffer[i] = row
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _blocks_of(rows, size: int):
+    block = []
+    for row in rows:
+        block.append(row)
+        if len(block) == size:
+            yield np.stack(block)
+            block = []
+    if block:
+        yield np.stack(block)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What every worker needs besides the unit: settings (picklable for spawned workers)."""
+
+    data_config: dict
+    seed: int
+    shuffle_buffer: int
+    num_shards: int
+    scratch_dir: str
+
+
+_WORKER: dict = {}  # per process: the job, its tokenizer and masking spec (built once)
+
+
+def _init_worker(job: Job) -> None:
+    import ml_collections
+
+    from bertjax import startup
+
+    startup.import_tensorflow()  # before the data modules import it: without start-up noise
+    from bertjax.data import pipeline
+
+    data_config = ml_collections.ConfigDict(job.data_config)
+    tokenizer = sources.create_tokenizer(data_config)
+    _WORKER.update(
+        job=job,
+        data_config=data_config,
+        tokenizer=tokenizer,
+        tokenize=instances.line_batch_tokenizer(tokenizer),
+        spec=pipeline.masking_spec(data_config, tokenizer),
+        options=sources.instance_options(data_config, tokenizer),
+    )
+
+
+def unit_shard_path(scratch_dir: str, unit: int, shard: int) -> str:
+    return os.path.join(scratch_dir, f"unit-{unit:06d}-shard-{shard:05d}.tfrecord")
+
+
+def write_unit(unit: sources.WorkUnit) -> stats.Accumulator:
+    """Pairs, shuffles, masks and serializes one unit into per-shard scratch files.
+
+    Everything is keyed by ``(seed, unit.index)``: pairing seed, shuffle order, masks, and the
+    shard of the unit's ``j``-th record (``(unit.index + j) % num_shards``), so the output does
+    not depend on which worker ran the unit or when.
+    """
+    import tensorflow as tf
+
+    from bertjax.data import pipeline
+
+    job, data_config, tokenizer = _WORKER["job"], _WORKER["data_config"], _WORKER["tokenizer"]
+    length = data_config.max_seq_length
+    unit_seed = int(masking.hash_keys(job.seed, unit.index))
+    documents = sources.unit_documents(unit, _WORKER["tokenize"])
+    blocks = instances.generate_instances(documents, unit_seed, _WORKER["options"], unit.describe())
+    rows = shuffled(blocks, job.shuffle_buffer, random.Random(unit_seed))
+    totals = stats.Accumulator(length, tokenizer)
+    writers, index = {}, 0
+    try:
+        for block in _blocks_of(rows, _BLOCK):
+            keys = masking.hash_keys(unit_seed, index + np.arange(len(block)))
+            features = pipeline.rows_to_features(block, keys, data_config, _WORKER["spec"])
+            totals.add(features, original_ids=block[:, :length], truncated=block[:, length + 3])
+            for r, record in enumerate(tfrecords.serialize_rows(features)):
+                shard = (unit.index + index + r) % job.num_shards
+                if shard not in writers:
+                    path = unit_shard_path(job.scratch_dir, unit.index, shard)
+                    writers[shard] = tf.io.TFRecordWriter(path)
+                writers[shard].write(record)
+            index += len(block)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return totals
+
+
+@contextlib.contextmanager
+def _workers(job: Job, num_workers: int):
+    """Yields ``run(units) -> accumulators in unit order``: here (1 worker) or in ``num_workers``
+    spawned processes (TensorFlow in each; ``imap`` keeps the order)."""
+    if num_workers <= 1:
+        _init_worker(job)
+        yield lambda units: map(write_unit, units)
+        return
+    context = multiprocessing.get_context("spawn")  # fork after TensorFlow's threads is unsafe
+    with context.Pool(num_workers, _init_worker, (job,)) as pool:
+        yield lambda units: pool.imap(write_unit, units)
+
+
+def _append(source: str, destination) -> None:
+    """Appends a scratch TFRecord file to ``destination`` and removes it (TFRecord files are
+    self-delimiting records, so concatenated files are one valid file)."""
+    if os.path.exists(source):
+        with open(source, "rb") as f:
+            shutil.copyfileobj(f, destination, 1 << 22)
+        os.remove(source)
+
+
+def _rename(source: str, destination: str) -> None:
+    if sources.is_local(destination):
+        os.replace(source, destination)
+    else:
+        import tensorflow as tf
+
+        tf.io.gfile.rename(source, destination, overwrite=True)
+
+
+def _remove_if_exists(path: str) -> None:
+    if sources.is_local(path):
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    import tensorflow as tf
+
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+
+
+def write_tfrecords(
+    data_config,
+    paths: list[str],
+    seed: int,
+    shuffle_buffer: int,
+    num_workers: int = 1,
+    unit_bytes: int = 1 << 20,
+) -> dict:
+    """Tokenizes, pairs, masks and writes ``paths``; returns the statistics of what was written.
+
+    The corpus is cut into work units (``sources.work_units``) that ``num_workers``
+    processes turn into scratch shards; this process appends them to the outputs in unit order
+    (and deletes them), so the output is the same for any ``num_workers``. With local paths
+    this process never imports TensorFlow (seconds of CPU that the workers need).
+    """
+    scratch = tempfile.mkdtemp(prefix="bertjax-pretraining-data-")
+    job = Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
+    temporary = [f"{p}.tmp-{os.getpid()}" for p in paths]
+    outputs, total = [], None
+    try:
+        files = sources.resolve_files(data_config.input_files, "input_files")
+        units = sources.work_units(files, unit_bytes)
+        if not units:
+            raise DataError(f"data.input_files {files}: no documents (empty input)")
+        # No more processes than units: each costs a TensorFlow start-up (~3-6 s of CPU).
+        with _workers(job, min(num_workers, len(units))) as run_units:
+            outputs = [sources.open_file(p, "wb") for p in temporary]
+            for unit, stats in zip(units, run_units(units), strict=True):
+                for shard, output in enumerate(outputs):
+                    _append(unit_shard_path(scratch, unit.index, shard), output)
+                total = stats if total is None else total.merge(stats)
+        for output in outputs:
+            output.close()
+        for tmp, path in zip(temporary, paths, strict=True):
+            _rename(tmp, path)
+    finally:  # after a failure: no half-written shard is left behind
+        for output in outputs:  # empty when the failure came before the outputs were opened
+            output.close()
+        for tmp in temporary:
+            _remove_if_exists(tmp)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return total.summary()

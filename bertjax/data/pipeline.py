@@ -1,0 +1,304 @@
+"""Per-host pretraining batches in ``tf.data`` (no JAX). This docstring is the batch contract.
+
+Every element is a dict of numpy-convertible tensors with static shapes, ``B`` = per-host batch
+(global batch / process_count), ``L`` = ``data.max_seq_length``, ``P`` =
+``data.max_predictions_per_seq``; feature names are the original BERT ones, so TFRecords made by
+Google's ``create_pretraining_data.py`` (or ours) load unchanged:
+
+* ``input_ids <int32>[B, L]``: ``[CLS] A [SEP] B [SEP]`` then ``[PAD]``, after masking.
+* ``segment_ids <int32>[B, L]``: 0 for ``[CLS] A [SEP]`` (and padding), 1 for ``B [SEP]``.
+* ``input_mask <int32>[B, L]``: 1 on real tokens, 0 on padding.
+* ``masked_lm_positions <int32>[B, P]``: predicted positions in increasing order, then 0.
+* ``masked_lm_ids <int32>[B, P]``: the original tokens at those positions, then 0.
+* ``masked_lm_weights <float32>[B, P]``: 1.0 for real predictions, 0.0 for list padding.
+* ``next_sentence_labels <int32>[B]``: 0 = B is the actual next segment (IsNext), 1 = random
+  (NotNext), the original convention; always 0 when ``data.nsp`` is False (label unused).
+* ``example_weight <float32>[B]``: 1.0 for real rows; 0.0 for the padding rows that make every
+  host's finite eval stream the same length (their ``masked_lm_weights`` are all zero too).
+
+With ``data.objective == "ltr"`` (left-to-right ablation) inputs are not masked and
+``P == L``: position ``i`` predicts token ``i + 1`` (weight 1 where that token is real).
+
+Sources (``data.source``): ``"text"`` files / ``"tfds"`` documents are tokenized **once** into an
+instance table (unmasked A/B rows, see ``pretraining_data``) cached under ``data.cache_dir``,
+identical on every host; ``"tfrecord"`` reads pre-masked TFRecords.
+
+Determinism and resume (text/tfds): the stream is a pure function of ``(seed, position)``.
+Global batch ``k`` holds stream positions ``k*G .. k*G+G-1`` (``G`` = global batch); host ``h``
+takes ``B`` of them starting at ``k*G + h*B``, so hosts get disjoint rows and together the
+whole table every epoch, whatever the host count. Position ``p`` is row
+``permutation_e(p mod N)`` of epoch ``e = p // N`` (a seeded Feistel bijection, O(1) memory,
+random access), masked with randomness keyed by ``p`` (dynamic: fresh masks every epoch) or by
+the row (static: ``dupe_factor`` pairings each with one fixed mask, like the original). The A/B
+pairings themselves are made once per table (``dupe_factor`` of them per document), in both modes.
+Resuming at ``start_batch`` therefore starts the range at ``start_batch`` and reads only the rows
+it needs: nothing before it is re-read or re-tokenized (the table is reused from the cache, or
+rebuilt identically if the cache is gone). The train stream is infinite; eval is finite, in
+row order, with static masks, padded to the same number of batches on every host.
+
+Cost: every host tokenizes the whole text corpus once (first call; later calls and restarts
+reuse the cache), which suits corpora up to a few GB; for Wikipedia-scale data on many hosts,
+run ``bertjax.create_pretraining_data`` once and train from the sharded TFRecords.
+
+TFRecords: host ``h`` reads files ``h::process_count`` when every such share holds a non-empty
+file, else records ``h::process_count`` of all files (fewer files than hosts, or empty files),
+so shares are disjoint and cover every record whatever the file sizes
+(``tfrecords.host_records``); train repeats its share forever (uneven shares never stop a host
+early; with fewer records than hosts the repeated stream is dealt out instead), shuffles with a
+seeded buffer, and skips ``start_batch`` batches before parsing (reads, never tokenizes); eval
+pads every host to the longest share.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from bertjax.data import instances, masking, sources, tfrecords
+from bertjax.data.instances import DataError
+
+FEATURES = (
+    "input_ids",
+    "segment_ids",
+    "input_mask",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_labels",
+    "example_weight",
+)
+# What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
+STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
+
+
+def num_predictions(data_config) -> int:
+    """``P``: ``max_predictions_per_seq`` (== ``max_seq_length`` for the LTR objective)."""
+    return int(data_config.max_predictions_per_seq)
+
+
+def check_data_config(data_config, model_config=None) -> None:
+    """Raises DataError naming the field when ``config.data`` (and the model) cannot work."""
+    d = data_config
+    if d.source not in ("text", "tfds", "tfrecord"):
+        raise DataError(f"data.source={d.source!r}: expected 'text', 'tfds' or 'tfrecord'")
+    if d.objective not in ("mlm", "ltr"):
+        raise DataError(f"data.objective={d.objective!r}: expected 'mlm' or 'ltr'")
+    if d.masking not in ("dynamic", "static"):
+        raise DataError(f"data.masking={d.masking!r}: expected 'dynamic' or 'static'")
+    if d.max_seq_length < 5:
+        raise DataError(f"data.max_seq_length={d.max_seq_length}: need at least 5")
+    if d.max_predictions_per_seq < 1:
+        raise DataError(f"data.max_predictions_per_seq={d.max_predictions_per_seq}: need >= 1")
+    if not 0.0 < d.masked_lm_prob < 1.0:
+        raise DataError(f"data.masked_lm_prob={d.masked_lm_prob}: expected in (0, 1)")
+    if not 0.0 <= d.short_seq_prob <= 1.0:
+        raise DataError(f"data.short_seq_prob={d.short_seq_prob}: expected in [0, 1]")
+    if d.dupe_factor < 1:
+        raise DataError(f"data.dupe_factor={d.dupe_factor}: need >= 1")
+    if d.objective == "ltr":
+        if d.nsp:
+            raise DataError("data.objective='ltr' needs data.nsp=False (the paper's LTR & No NSP)")
+        if d.max_predictions_per_seq != d.max_seq_length:
+            raise DataError(
+                f"data.objective='ltr' predicts every position: set data.max_predictions_per_seq"
+                f" = data.max_seq_length = {d.max_seq_length} (got {d.max_predictions_per_seq})"
+            )
+    if d.source != "tfds":
+        sources.resolve_files(d.input_files, "input_files")
+        if d.eval_input_files:  # may stay empty when train.eval_every == 0
+            sources.file_patterns(d.eval_input_files, "eval_input_files")
+    if d.source == "tfrecord":
+        tfrecords.check_tfrecords(d, split="train")
+    if model_config is not None:
+        if d.max_seq_length > model_config.max_position_embeddings:
+            raise DataError(
+                f"data.max_seq_length={d.max_seq_length} exceeds "
+                f"model.max_position_embeddings={model_config.max_position_embeddings}"
+            )
+        if d.source != "tfrecord":
+            tokenizer = sources.create_tokenizer(d)
+            if tokenizer.vocab_size != model_config.vocab_size:
+                raise DataError(
+                    f"model.vocab_size={model_config.vocab_size} but data.vocab_file "
+                    f"{d.vocab_file} has {tokenizer.vocab_size} entries"
+                )
+
+
+def masking_spec(data_config, tokenizer) -> masking.MaskingSpec:
+    """The masking rule for ``tokenizer``'s vocab and ``config.data``."""
+    table = None
+    if data_config.do_whole_word_mask:
+        table = masking.continuation_table(tokenizer.vocab, data_config.tokenizer)
+    return masking.MaskingSpec(
+        vocab_size=tokenizer.vocab_size,
+        mask_id=tokenizer.mask_id,
+        special_ids=tuple(sorted(tokenizer.special_ids)),
+        max_predictions_per_seq=num_predictions(data_config),
+        masked_lm_prob=float(data_config.masked_lm_prob),
+        do_whole_word_mask=bool(data_config.do_whole_word_mask),
+        is_continuation=table,
+    )
+
+
+def rows_to_features(rows: np.ndarray, row_keys: np.ndarray, data_config, spec):
+    """Instance rows ``<int32>[R, L + 4]`` -> the batch dict (without ``example_weight``)."""
+    length = data_config.max_seq_length
+    ids, meta = rows[:, :length], rows[:, length:]
+    positions = np.arange(length)[None, :]
+    input_mask = (positions < meta[:, [instances.META_NUM_TOKENS]]).astype(np.int32)
+    segment_ids = (positions >= meta[:, [instances.META_B_START]]) & (input_mask > 0)
+    if data_config.objective == "ltr":
+        features = masking.ltr_targets(ids, input_mask)
+    else:
+        features = masking.mask_batch(ids, input_mask, row_keys, spec)
+    features["input_mask"] = input_mask
+    features["segment_ids"] = segment_ids.astype(np.int32)
+    features["next_sentence_labels"] = meta[:, instances.META_LABEL].astype(np.int32)
+    return features
+
+
+def feistel_permutation(index: np.ndarray, size: int, key: int) -> np.ndarray:
+    """A seeded bijection of ``[0, size)``: ``<int64>[m]`` -> ``<int64>[m]`` (cycle-walking
+    4-round Feistel network on the next even power of two)."""
+    half = max(1, math.ceil(math.log2(max(size, 2)) / 2))
+    mask = np.uint64((1 << half) - 1)
+    x = index.astype(np.uint64)
+    todo = np.ones(x.shape, dtype=bool)
+    while np.any(todo):
+        left, right = x[todo] >> np.uint64(half), x[todo] & mask
+        for round_ in range(4):
+            left, right = right, left ^ (masking.hash_keys(key, round_, right) & mask)
+        x[todo] = (left << np.uint64(half)) | right
+        todo = x >= np.uint64(size)
+    return x.astype(np.int64)
+
+
+_PERMUTE_BATCHES = 16
+
+
+def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, process_count, train):
+    """-> ``f(k) -> dict``: host ``process_index``'s share of global batch ``k`` (numpy)."""
+    size = table.num_rows
+    static = data_config.masking == "static"
+
+    def positions_of(k):
+        return (int(k) * process_count + process_index) * batch_size + np.arange(batch_size)
+
+    @functools.lru_cache(maxsize=4)  # tf.data calls make() from a few threads, roughly in order
+    def permuted_rows(group):
+        """Rows of this host's batches ``group*G .. group*G+G-1`` (G = _PERMUTE_BATCHES): the
+        Feistel network runs once per G batches, as its per-call cost is mostly overhead."""
+        first = group * _PERMUTE_BATCHES
+        positions = np.concatenate(
+            [positions_of(k) for k in range(first, first + _PERMUTE_BATCHES)]
+        )
+        epochs = positions // size
+        rows = np.empty(len(positions), dtype=np.int64)
+        for epoch in np.unique(epochs):  # batches may straddle two epochs
+            sel = epochs == epoch
+            rows[sel] = feistel_permutation(
+                positions[sel] % size, size, int(masking.hash_keys(seed, epoch))
+            )
+        return rows
+
+    def make(k):
+        positions = positions_of(k)
+        valid = np.ones(batch_size, dtype=bool)
+        if train:
+            offset = (int(k) % _PERMUTE_BATCHES) * batch_size
+            rows = permuted_rows(int(k) // _PERMUTE_BATCHES)[offset : offset + batch_size]
+        else:
+            valid = positions < size
+            rows = np.where(valid, positions, 0)
+        keys = masking.hash_keys(seed, rows if static or not train else positions)
+        features = rows_to_features(table.read(rows), keys, data_config, spec)
+        features["masked_lm_weights"] *= valid[:, None]
+        features["example_weight"] = valid.astype(np.float32)
+        return tuple(features[name] for name in FEATURES)
+
+    return make
+
+
+def _output_signature(batch_size, data_config):
+    import tensorflow as tf
+
+    length, preds = data_config.max_seq_length, num_predictions(data_config)
+    shapes = {
+        "input_ids": [batch_size, length],
+        "segment_ids": [batch_size, length],
+        "input_mask": [batch_size, length],
+        "masked_lm_positions": [batch_size, preds],
+        "masked_lm_ids": [batch_size, preds],
+        "masked_lm_weights": [batch_size, preds],
+        "next_sentence_labels": [batch_size],
+        "example_weight": [batch_size],
+    }
+    dtypes = {name: tf.int32 for name in FEATURES}
+    dtypes["masked_lm_weights"] = dtypes["example_weight"] = tf.float32
+    return shapes, dtypes
+
+
+def num_eval_batches(num_rows: int, batch_size: int, process_count: int) -> int:
+    """Batches per host for a finite split of ``num_rows`` rows (the last ones padded)."""
+    return max(1, math.ceil(num_rows / (batch_size * process_count)))
+
+
+def create_pretrain_dataset(
+    data_config,
+    *,
+    batch_size: int,
+    seed: int,
+    process_index: int,
+    process_count: int,
+    split: str = "train",
+    start_batch: int = 0,
+):
+    """This host's batches (see the module docstring): infinite for ``"train"``, finite for
+    ``"eval"``; ``start_batch`` = batches this host already consumed."""
+    import tensorflow as tf
+
+    check_data_config(data_config)
+    if split not in ("train", "eval"):
+        raise DataError(f"split={split!r}: expected 'train' or 'eval'")
+    if not 0 <= process_index < process_count:
+        raise DataError(f"process_index={process_index} not in [0, {process_count})")
+    if data_config.source == "tfrecord":
+        return tfrecords.tfrecord_dataset(
+            data_config,
+            batch_size=batch_size,
+            seed=seed,
+            process_index=process_index,
+            process_count=process_count,
+            split=split,
+            start_batch=start_batch,
+        )
+    tokenizer = sources.create_tokenizer(data_config)
+    table = sources.open_or_build(data_config, tokenizer, split, seed)
+    spec = masking_spec(data_config, tokenizer)
+    make = _batch_fn(
+        table,
+        data_config,
+        spec,
+        batch_size=batch_size,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+        train=split == "train",
+    )
+    stop = np.iinfo(np.int64).max
+    if split == "eval":
+        stop = num_eval_batches(table.num_rows, batch_size, process_count)
+    shapes, dtypes = _output_signature(batch_size, data_config)
+
+    def to_batch(k):
+        outputs = tf.numpy_function(make, [k], [dtypes[name] for name in FEATURES], stateful=False)
+        return {
+            name: tf.ensure_shape(t, shapes[name])
+            for name, t in zip(FEATURES, outputs, strict=True)
+        }
+
+    dataset = tf.data.Dataset.range(start_batch, stop)
+    dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,324 @@
+"""Where pretraining rows come from: input globs, the tokenizer, the cached instance table for
+text/TFDS corpora, and pre-generated TFRecords in the original BERT format. No JAX.
+
+Instance table: the unmasked rows of ``instances.generate_instances`` (``<int32>[N, L+4]``)
+in one raw file under ``data.cache_dir`` (default ``$TMPDIR/bertjax_data_cache``), named by a
+fingerprint of everything that determines it (input files with sizes and mtimes, vocab, tokenizer
+settings, pairing settings, seed, split). It is written to a temporary name and renamed, with a
+``.json`` sidecar (row count and statistics) renamed last, so a killed build is never taken as
+valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not grow with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import gzip
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from bertjax.data import instances
+from bertjax.data.instances import DataError
+
+_FORMAT_VERSION = 2  # bump when pairing or the row layout changes: old caches are ignored
+
+
+def file_patterns(value, field: str) -> list[str]:
+    """``config.data.<field>`` as a list of globs.
+
+    Accepts a list/tuple of globs or one string of comma-separated globs (what a command-line
+    override ``--config.data.input_files=a.txt,b/*.txt`` gives, since config_flags cannot parse
+    a list); list items are split on commas too, like the original's ``--input_file``.
+    """
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise DataError(
+            f"data.{field}={value!r}: expected a glob, comma-separated globs or a list of globs"
+        )
+    patterns = [p.strip() for item in items for p in item.split(",") if p.strip()]
+    if not patterns:
+        raise DataError(f"data.{field}={value!r}: no file pattern given")
+    return patterns
+
+
+def is_local(path: str) -> bool:
+    """Local paths are handled without TensorFlow (importing it costs seconds per process);
+    others (``gs://...``) go through ``tf.io.gfile``."""
+    return "://" not in path
+
+
+def open_file(path: str, mode: str = "rb"):
+    """A binary file object for a local or ``tf.io.gfile`` path."""
+    if is_local(path):
+        return open(path, mode)
+    import tensorflow as tf
+
+    return tf.io.gfile.GFile(path, mode)
+
+
+def _glob(pattern: str) -> list[str]:
+    if is_local(pattern):
+        return [f for f in glob.glob(pattern) if os.path.isfile(f)]
+    import tensorflow as tf
+
+    return tf.io.gfile.glob(pattern)
+
+
+def resolve_files(value, field: str) -> list[str]:
+    """Sorted files matching ``file_patterns(value)``; DataError naming ``field`` if none."""
+    patterns = file_patterns(value, field)
+    files = sorted({f for p in patterns for f in _glob(p)})
+    if not files:
+        raise DataError(f"data.{field}={list(patterns)!r}: no file matches")
+    return files
+
+
+def create_tokenizer(data_config):
+    """The ``config.data`` tokenizer; a vocab problem becomes a DataError naming the file."""
+    from bertjax.data import tokenization
+
+    try:
+        return tokenization.create_tokenizer(
+            data_config.tokenizer, data_config.vocab_file, data_config.do_lower_case
+        )
+    except tokenization.TokenizerError as e:
+        raise DataError(f"data.vocab_file: {e}") from None
+
+
+def instance_options(data_config, tokenizer) -> instances.InstanceOptions:
+    return instances.InstanceOptions(
+        max_seq_length=int(data_config.max_seq_length),
+        short_seq_prob=float(data_config.short_seq_prob),
+        nsp=bool(data_config.nsp),
+        dupe_factor=int(data_config.dupe_factor),
+        random_doc_pool=int(data_config.random_doc_pool),
+        cls_id=tokenizer.cls_id,
+        sep_id=tokenizer.sep_id,
+        pad_id=tokenizer.pad_id,
+    )
+
+
+def read_documents(data_config, tokenizer, split: str):
+    """(documents iterator, source description) for a text or TFDS ``split``."""
+    if data_config.source == "tfds":
+        tfds_split = data_config.tfds_split if split == "train" else data_config.tfds_eval_split
+        lines = instances.tfds_line_dataset(
+            data_config.tfds_name,
+            tfds_split,
+            data_config.tfds_data_dir,
+            data_config.tfds_text_field,
+        )
+        source = f"tfds {data_config.tfds_name}:{tfds_split}"
+        batches = instances.tokenized_line_batches(lines, tokenizer)
+        return instances.documents_from_batches(batches, source), source
+    field = "input_files" if split == "train" else "eval_input_files"
+    files = resolve_files(getattr(data_config, field), field)
+    return instances.read_text_documents(files, tokenizer), f"data.{field} {files}"
+
+
+@dataclasses.dataclass
+class InstanceTable:
+    """Fixed-size ``<int32>[L + 4]`` rows in a raw file; ``meta`` holds counts and stats."""
+
+    path: str
+    row_length: int
+    num_rows: int
+    meta: dict
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """``<int64>[R]`` row indices -> ``<int32>[R, L + 4]``."""
+        nbytes = self.row_length * 4
+        out = np.empty((len(rows), self.row_length), dtype=np.int32)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for i, row in enumerate(rows.tolist()):
+                out[i] = np.frombuffer(os.pread(fd, nbytes, row * nbytes), dtype=np.int32)
+        finally:
+            os.close(fd)
+        return out
+
+
+def _fingerprint(data_config, split: str, seed: int) -> str:
+    if data_config.source == "tfds":
+        inputs = [
+            data_config.tfds_name,
+            data_config.tfds_data_dir,
+            data_config.tfds_text_field,
+            data_config.tfds_split if split == "train" else data_config.tfds_eval_split,
+        ]
+    else:
+        field = "input_files" if split == "train" else "eval_input_files"
+        files = resolve_files(getattr(data_config, field), field)
+        inputs = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+    vocab = data_config.vocab_file
+    key = [
+        _FORMAT_VERSION,
+        inputs,
+        vocab,
+        os.path.getsize(vocab),
+        os.path.getmtime(vocab),
+        data_config.tokenizer,
+        data_config.do_lower_case,
+        data_config.max_seq_length,
+        data_config.short_seq_prob,
+        data_config.nsp,
+        data_config.dupe_factor,
+        data_config.random_doc_pool,
+        seed,
+        split,
+    ]
+    return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:20]
+
+
+def _summarise(block: np.ndarray, length: int, unk_id: int, stats: dict) -> None:
+    meta = block[:, length:]
+    stats["instances"] += len(block)
+    stats["tokens"] += int(meta[:, instances.META_NUM_TOKENS].sum())
+    stats["not_next"] += int(meta[:, instances.META_LABEL].sum())
+    stats["truncated"] += int(meta[:, instances.META_TRUNCATED].sum())
+    stats["unk"] += int((block[:, :length] == unk_id).sum())
+
+
+def write_table(blocks, path: str, length: int, unk_id: int) -> dict:
+    """Streams instance blocks to ``path`` atomically; returns the statistics written beside it."""
+    stats = dict(instances=0, tokens=0, not_next=0, truncated=0, unk=0)
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".building-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for block in blocks:
+                f.write(np.ascontiguousarray(block, dtype=np.int32).tobytes())
+                _summarise(block, length, unk_id, stats)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return stats
+
+
+def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTable:
+    """The cached instance table of ``split``, building it first if needed (deterministic)."""
+    cache_dir = data_config.cache_dir or os.path.join(tempfile.gettempdir(), "bertjax_data_cache")
+    os.makedirs(cache_dir, exist_ok=True)
+    base = os.path.join(cache_dir, f"instances-{_fingerprint(data_config, split, seed)}")
+    row_length = data_config.max_seq_length + instances.NUM_META
+    if not os.path.exists(base + ".json"):
+        documents, source = read_documents(data_config, tokenizer, split)
+        options = instance_options(data_config, tokenizer)
+        blocks = instances.generate_instances(documents, seed, options, source)
+        stats = write_table(blocks, base + ".rows", data_config.max_seq_length, tokenizer.unk_id)
+        stats["source"] = source
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".building-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(stats, f)
+        os.replace(tmp, base + ".json")
+    with open(base + ".json") as f:
+        meta = json.load(f)
+    num_rows = os.path.getsize(base + ".rows") // (4 * row_length)
+    if num_rows != meta["instances"]:
+        raise DataError(
+            f"instance cache {base}.rows: {num_rows} rows, expected "
+            f"{meta['instances']}; delete it to rebuild"
+        )
+    return InstanceTable(base + ".rows", row_length, num_rows, meta)
+
+
+# ---- work units: a text corpus cut at document boundaries into pieces that can be processed
+# ---- independently (bertjax.create_pretraining_data runs them in parallel processes)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+    """Whole documents of ``ranges`` (``(file, start byte, stop byte)`` of the decompressed
+    text, in order; a range ends at a document end). ``index`` is the unit's place in the corpus."""
+
+    index: int
+    ranges: tuple[tuple[str, int, int], ...]
+
+    def describe(self) -> str:
+        return ", ".join(f"{path} bytes {start}-{stop}" for path, start, stop in self.ranges)
+
+
+@contextlib.contextmanager
+def _open_text(path: str):
+    """A binary, seekable stream of a text file's contents (gzip'd when the name ends in .gz)."""
+    with open_file(path) as raw:
+        if not path.endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw) as text:
+            yield text
+
+
+def work_units(files: list[str], unit_bytes: int) -> list[WorkUnit]:
+    """Cuts the corpus into units of at least ``unit_bytes`` bytes and 2 documents (so NotNext
+    pairs can be drawn inside a unit), at document starts; the last unit absorbs a remainder
+    with fewer than 2 documents. A pure function of the files and ``unit_bytes``.
+
+    One pass reading lines without tokenizing (a few hundred MB/s); a document starts at a
+    non-blank line that follows a blank one (or the start of a file).
+    """
+    units, ranges = [], []  # ranges of the unit being built
+    size = documents = 0
+    for path in files:
+        start = position = 0
+        after_blank = True
+        try:
+            with _open_text(path) as f:
+                for line in f:
+                    blank = not line.strip()
+                    if not blank and after_blank:  # a document starts here
+                        if size + position - start >= unit_bytes and documents >= 2:
+                            units.append(WorkUnit(len(units), (*ranges, (path, start, position))))
+                            ranges, size, documents, start = [], 0, 0, position
+                        documents += 1
+                    after_blank = blank
+                    position += len(line)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read ({e})") from None
+        if position > start:
+            ranges.append((path, start, position))
+            size += position - start
+    if ranges:
+        if documents < 2 and units:  # too small to pair on its own: join the previous unit
+            units[-1] = WorkUnit(units[-1].index, units[-1].ranges + tuple(ranges))
+        else:
+            units.append(WorkUnit(len(units), tuple(ranges)))
+    return units
+
+
+def unit_lines(unit: WorkUnit) -> list[bytes]:
+    """The unit's lines (no line ends; a blank line after each range, which ends a document).
+    DataError naming the file and byte offset if the text is not UTF-8."""
+    lines = []
+    for path, start, stop in unit.ranges:
+        try:
+            with _open_text(path) as f:
+                f.seek(start)
+                text = f.read(stop - start)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read ({e})") from None
+        try:
+            text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text (byte {start + e.start})") from None
+        lines.extend(line.rstrip(b"\r") for line in text.split(b"\n"))
+        lines.append(b"")
+    return lines
+
+
+def unit_documents(unit: WorkUnit, tokenize, batch_lines: int = 2048):
+    """Tokenized documents of ``unit`` (as ``instances.read_text_documents`` makes them);
+    ``tokenize`` is a ``instances.line_batch_tokenizer``."""
+    lines = unit_lines(unit)
+    batches = (
+        tokenize(np.array(lines[i : i + batch_lines], dtype=object))
+        for i in range(0, len(lines), batch_lines)
+    )
+    return instances.documents_from_batches(batches, unit.describe())

@@ -1,0 +1,173 @@
+"""What a user needs to trust a pretraining dataset, for TFRecords or the online pipeline.
+
+The command is ``python -m bertjax.data_stats``. Counts examples, tokens, padding fraction, mask
+rate (predictions / real tokens, [CLS]/[SEP] included as in the original's ``num_to_predict``) and
+its [MASK]/kept/random split, NSP balance, truncation rate (known for the online pipeline and at
+generation time; TFRecords do not record it), [UNK] rate and a length histogram. A position counts
+as "kept" when its input id equals the label, so a random replacement that happens to draw the
+original id counts as kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bertjax.data.instances import DataError
+
+_NUM_BINS = 8
+
+
+class Accumulator:
+    """Sums statistics over batches in the batch format of ``bertjax.data.pipeline`` (numpy)."""
+
+    def __init__(self, max_seq_length: int, tokenizer):
+        self.length = max_seq_length
+        self.mask_id, self.unk_id = tokenizer.mask_id, tokenizer.unk_id
+        self.counts = dict(
+            examples=0,
+            tokens=0,
+            predictions=0,
+            masked=0,
+            kept=0,
+            randomised=0,
+            not_next=0,
+            unk=0,
+            truncated=0,
+            truncation_known=True,
+        )
+        self.histogram = np.zeros(_NUM_BINS, dtype=np.int64)
+
+    def add(self, batch: dict, original_ids=None, truncated=None) -> None:
+        """``batch``: input_pipeline features; ``original_ids <int32>[B, L]`` before masking."""
+        rows = np.asarray(batch.get("example_weight", np.ones(len(batch["input_ids"])))) > 0
+        ids = np.asarray(batch["input_ids"])[rows]
+        input_mask = np.asarray(batch["input_mask"])[rows]
+        positions = np.asarray(batch["masked_lm_positions"])[rows]
+        labels = np.asarray(batch["masked_lm_ids"])[rows]
+        weights = np.asarray(batch["masked_lm_weights"])[rows] > 0
+        if original_ids is None:  # put the labels back at their positions
+            original_ids = ids.copy()
+            r, c = np.nonzero(weights)
+            original_ids[r, positions[r, c]] = labels[r, c]
+        else:
+            original_ids = np.asarray(original_ids)[rows]
+        at_positions = np.take_along_axis(ids, positions, axis=1)
+        c = self.counts
+        c["examples"] += int(rows.sum())
+        c["tokens"] += int(input_mask.sum())
+        c["predictions"] += int(weights.sum())
+        c["masked"] += int((weights & (at_positions == self.mask_id)).sum())
+        c["kept"] += int((weights & (at_positions == labels)).sum())
+        c["randomised"] += int(
+            (weights & (at_positions != labels) & (at_positions != self.mask_id)).sum()
+        )
+        c["not_next"] += int(np.asarray(batch["next_sentence_labels"])[rows].sum())
+        c["unk"] += int(((original_ids == self.unk_id) & (input_mask > 0)).sum())
+        if truncated is None:
+            c["truncation_known"] = False
+        else:
+            c["truncated"] += int(np.asarray(truncated)[rows].sum())
+        lengths = input_mask.sum(axis=1)
+        bins = np.clip((lengths * _NUM_BINS - 1) // self.length, 0, _NUM_BINS - 1)  # (lo, hi]
+        self.histogram += np.bincount(bins, minlength=_NUM_BINS)
+
+    def merge(self, other: Accumulator) -> Accumulator:
+        """Adds ``other``'s counts (e.g. from another worker process) to this one; returns it."""
+        for name, value in other.counts.items():
+            if name == "truncation_known":
+                self.counts[name] = self.counts[name] and value
+            else:
+                self.counts[name] += value
+        self.histogram += other.histogram
+        return self
+
+    def summary(self) -> dict:
+        c = dict(self.counts)
+        examples, tokens, predictions = (
+            max(c["examples"], 1),
+            max(c["tokens"], 1),
+            max(c["predictions"], 1),
+        )
+        return dict(
+            examples=c["examples"],
+            tokens=c["tokens"],
+            padding_fraction=1.0 - c["tokens"] / (examples * self.length),
+            mask_rate=c["predictions"] / tokens,
+            mask_split=(
+                c["masked"] / predictions,
+                c["kept"] / predictions,
+                c["randomised"] / predictions,
+            ),
+            not_next_fraction=c["not_next"] / examples,
+            truncation_rate=c["truncated"] / examples if c["truncation_known"] else None,
+            unk_rate=c["unk"] / tokens,
+            length_histogram=[
+                (
+                    int(i * self.length / _NUM_BINS) + 1,
+                    int((i + 1) * self.length / _NUM_BINS),
+                    int(n),
+                )
+                for i, n in enumerate(self.histogram)
+            ],
+        )
+
+
+def format_summary(s: dict) -> str:
+    truncation = (
+        "unknown (not stored in TFRecords)"
+        if s["truncation_rate"] is None
+        else (f"{100 * s['truncation_rate']:.1f}%")
+    )
+    lines = [
+        f"examples            {s['examples']}",
+        f"tokens              {s['tokens']}  (padding {100 * s['padding_fraction']:.1f}%)",
+        f"mask rate           {100 * s['mask_rate']:.2f}% of real tokens",
+        "mask split          [MASK] {:.1f}% / kept {:.1f}% / random {:.1f}%".format(
+            *(100 * x for x in s["mask_split"])
+        ),
+        f"NSP                 NotNext {100 * s['not_next_fraction']:.1f}% / IsNext "
+        f"{100 - 100 * s['not_next_fraction']:.1f}%",
+        f"truncated           {truncation}",
+        f"[UNK] rate          {100 * s['unk_rate']:.3f}% of real tokens",
+        "length histogram",
+    ]
+    total = max(sum(n for _, _, n in s["length_histogram"]), 1)
+    for low, high, n in s["length_histogram"]:
+        lines.append(f"  {low:4d}-{high:<4d} {n:8d} {'#' * round(40 * n / total)}")
+    return "\n".join(lines)
+
+
+def tfrecord_stats(files: list[str], data_config, tokenizer) -> dict:
+    """Statistics of every record in ``files`` (parsed with the original spec)."""
+    import tensorflow as tf
+
+    from bertjax.data import tfrecords
+
+    parse = tfrecords.parser(data_config)
+    accumulator = Accumulator(data_config.max_seq_length, tokenizer)
+    dataset = tf.data.TFRecordDataset(files).batch(1024).map(parse)
+    try:
+        for batch in dataset.as_numpy_iterator():
+            accumulator.add(batch)
+    except tf.errors.InvalidArgumentError as e:
+        raise DataError(f"{files}: cannot parse ({e.message.splitlines()[0]})") from None
+    return accumulator.summary()
+
+
+def pipeline_stats(config, split: str, num_batches: int) -> dict:
+    """Statistics of the first ``num_batches`` batches of the online pipeline."""
+    from bertjax.data import pipeline, sources
+
+    data = config.data
+    tokenizer = sources.create_tokenizer(data)
+    dataset = pipeline.create_pretrain_dataset(
+        data, batch_size=64, seed=config.seed, process_index=0, process_count=1, split=split
+    )
+    accumulator = Accumulator(data.max_seq_length, tokenizer)
+    for batch in dataset.take(num_batches).as_numpy_iterator():
+        accumulator.add(batch)
+    summary = accumulator.summary()
+    if data.source != "tfrecord":
+        table = sources.open_or_build(data, tokenizer, split, config.seed)
+        summary["truncation_rate"] = table.meta["truncated"] / max(table.meta["instances"], 1)
+    return summary

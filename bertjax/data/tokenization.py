@@ -1,0 +1,365 @@
+"""WordPiece and SentencePiece tokenizers on TensorFlow + tensorflow-text (no JAX).
+
+Both are graph-safe: ``tokenize`` takes a batch of strings ``<string>[N]`` and returns
+``<int32>[N, (pieces)]``, so it runs inside ``tf.data.Dataset.map`` on batched lines.
+
+WordPiece ids are identical to HuggingFace ``BertTokenizerFast`` (the reference, which reproduces
+Google's original BERT tokenization), in uncased and cased modes. The steps, in the reference's
+order, all vectorised TF string ops:
+
+1. Literal special tokens (``[PAD] [UNK] [CLS] [SEP] [MASK]``, exact case) in the raw text are
+   split out and mapped to their ids, as HF does for its registered special tokens.
+2. Clean text: drop ``\\x00``, ``\\ufffd``, controls, format and private-use characters (but
+   not ``\\t\\n\\r``); map Unicode whitespace to a space.
+3. Uncased only: NFD, drop non-spacing marks (Mn), lowercase (character by character).
+4. Split on whitespace and around punctuation (ASCII non-alphanumerics + Unicode P*) and CJK
+   ideographs.
+5. Greedy longest-match-first WordPiece with ``##`` continuations; a word longer than 100
+   characters (``max_input_chars_per_word``) or with no full segmentation is one ``[UNK]``.
+
+``tokenize`` routes rows of plain printable ASCII with no literal special token (nearly all of
+an English corpus) through one end-to-end tf-text op, where steps 1-3 are identities or a
+bytewise lower-case; the other rows take the general path above, and the results are merged
+back in row order.
+
+Input strings must be valid UTF-8 (``bertjax.vocab`` and the data pipeline check files).
+
+The reference's character classes come from older Unicode tables than TensorFlow's RE2/ICU
+(newer marks are not stripped nor newer punctuation split, some case mappings and
+decompositions differ, final sigma is not special), so the classes are measured from the
+reference in ``bertjax/unicode_tables.py``; tests check every code point in both modes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+from tensorflow_text.python.ops.regex_split_ops import gen_regex_split_ops
+
+from bertjax.data import unicode_tables
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_CHARS_PER_WORD = 100  # the original `max_input_chars_per_word`
+_MAX_BYTES_PER_WORD = 4 * MAX_CHARS_PER_WORD  # UTF-8 bound; the char limit is applied separately
+_SPECIAL_RE = r"\[(?:PAD|UNK|CLS|SEP|MASK)\]"
+# A word the WordPiece model can only map to [UNK]: longer than the byte limit.
+_UNK_WORD = "x" * (_MAX_BYTES_PER_WORD + 1)
+
+_DROP_RE = f"[{unicode_tables.DROP}]"
+_MN_RE = f"[{unicode_tables.NONSPACING_MARK}]"
+# CJK ideographs are padded in the same pass as punctuation. The reference pads them before NFD,
+# but NFD maps the only ideographs it changes (compatibility ideographs) to ideographs again.
+_PUNCT_OR_CJK_RE = f"([{unicode_tables.PUNCT}{unicode_tables.CJK}])"
+
+
+def _without_ascii(char_class: str) -> str:
+    """An RE2 class body of ``\\x{..}`` items and ranges, minus its ASCII code points."""
+    spans = re.findall(r"\\x\{([0-9A-F]+)\}(?:-\\x\{([0-9A-F]+)\})?", char_class)
+    spans = [(int(lo, 16), int(hi or lo, 16)) for lo, hi in spans]
+    return "".join(f"\\x{{{max(lo, 0x80):X}}}-\\x{{{hi:X}}}" for lo, hi in spans if hi >= 0x80)
+
+
+# ASCII whitespace is left to split_words' ASCII split; mapping ' ' to itself is a costly no-op.
+_NON_ASCII_SPACE_RE = f"[{_without_ascii(unicode_tables.SPACE)}]"
+
+
+# Rows of printable ASCII (plus \t\n\r) without a literal special token skip the general path:
+# there clean-text, NFD and accent stripping are identities, lower-casing is bytewise, and
+# tf-text's end-to-end FastWordpieceTokenizer splits ASCII whitespace and punctuation exactly as
+# the reference does, ~2.5x faster (one C++ op instead of ~15 regex and Unicode passes).
+_PLAIN_ASCII_RE = r"[\t\n\r\x20-\x7E]*"
+_HAS_SPECIAL_RE = f"(?s).*{_SPECIAL_RE}.*"
+
+
+# Nothing here branches on tensors; skipping AutoGraph's source transformation saves seconds of
+# tracing in every tf.function / tf.data.Dataset.map that calls a tokenizer.
+_NOT_AUTOGRAPH = tf.autograph.experimental.do_not_convert
+
+
+class TokenizerError(ValueError):
+    """A vocabulary or tokenizer model that cannot be used; the message names the file."""
+
+
+def read_vocab(vocab_file: str) -> list[str]:
+    """Reads a ``vocab.txt`` (one token per line, id = line number); clear errors for bad files."""
+    if not tf.io.gfile.exists(vocab_file):
+        raise TokenizerError(f"vocab file {vocab_file}: not found")
+    with tf.io.gfile.GFile(vocab_file, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(
+            f"vocab file {vocab_file}: not UTF-8 ({e.reason} at byte {e.start})"
+        ) from None
+    vocab = text.split("\n")
+    if vocab and vocab[-1] == "":
+        vocab.pop()
+    vocab = [t[:-1] if t.endswith("\r") else t for t in vocab]
+    if not vocab:
+        raise TokenizerError(f"vocab file {vocab_file}: empty, expected one token per line")
+    seen = {}
+    for i, token in enumerate(vocab):
+        if not token:
+            raise TokenizerError(f"vocab file {vocab_file}: line {i + 1} is empty")
+        if token in seen:
+            raise TokenizerError(
+                f"vocab file {vocab_file}: token {token!r} on lines {seen[token] + 1} and {i + 1}"
+            )
+        seen[token] = i
+    return vocab
+
+
+def _special_ids(vocab: list[str], source: str) -> dict[str, int]:
+    index = {t: i for i, t in enumerate(vocab)}
+    missing = [t for t in SPECIAL_TOKENS if t not in index]
+    if missing:
+        raise TokenizerError(f"vocab {source}: missing special token(s) {' '.join(missing)}")
+    return {t: index[t] for t in SPECIAL_TOKENS}
+
+
+class _SpecialTokensMixin:
+    """Special-token attributes shared by both tokenizers; needs ``vocab`` and ``_special``."""
+
+    vocab: list[str]
+    _special: dict[str, int]
+
+    def _init_specials(self, source: str) -> None:
+        self._special = _special_ids(self.vocab, source)
+        self.vocab_size = len(self.vocab)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self._special[t] for t in SPECIAL_TOKENS
+        )
+
+    @property
+    def special_ids(self) -> set[int]:
+        return set(self._special.values())
+
+    def is_special_id(self, token_id: int) -> bool:
+        return int(token_id) in self._special.values()
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.vocab[int(i)] for i in ids]
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Eager convenience: a list of strings -> a list of id lists (no [CLS]/[SEP])."""
+        if not texts:
+            return []
+        return self.tokenize(tf.constant(list(texts), tf.string)).to_list()
+
+
+@_NOT_AUTOGRAPH
+def _map_code_points(texts: tf.Tensor, pairs: tuple[tuple[int, int], ...]) -> tf.Tensor:
+    """Replaces code point ``a`` by ``b`` for each ``(a, b)``. <string>[N] -> <string>[N].
+
+    For the few characters where TensorFlow's Unicode data differs from the reference's. Only
+    the (rare) strings containing one are decoded, so the common path costs one regex scan.
+    """
+    if not pairs:
+        return texts
+    pairs = tuple(sorted(pairs))
+    keys = tf.constant([a for a, _ in pairs], tf.int32)
+    values = tf.constant([b for _, b in pairs], tf.int32)
+    pattern = "(?s).*[" + "".join(f"\\x{{{a:X}}}" for a, _ in pairs) + "].*"
+    rows = tf.where(tf.strings.regex_full_match(texts, pattern))  # <int64>[K, 1]
+    chars = tf.strings.unicode_decode(tf.gather_nd(texts, rows), "UTF-8")  # [K, (chars)]
+    flat = chars.flat_values
+    slot = tf.minimum(tf.searchsorted(keys, flat), len(pairs) - 1)
+    mapped = tf.where(tf.gather(keys, slot) == flat, tf.gather(values, slot), flat)
+    fixed = tf.strings.unicode_encode(chars.with_flat_values(mapped), "UTF-8")
+    return tf.tensor_scatter_nd_update(texts, rows, fixed)
+
+
+# Characters to shield from TensorFlow's NFD travel as private-use code points, which cannot
+# occur at that stage because clean-text has removed them.
+_NFD_SHIELD = tuple((c, 0xE000 + i) for i, c in enumerate(unicode_tables.NFD_KEEP))
+_NFD_UNSHIELD = tuple((p, c) for c, p in _NFD_SHIELD)
+# tf.strings.lower applies the context-sensitive final sigma (word-final Σ -> ς); the reference
+# lower-cases character by character (Σ -> σ), so Σ is lowered up front.
+_BEFORE_LOWER = _NFD_SHIELD + ((0x3A3, 0x3C3),)
+
+
+@_NOT_AUTOGRAPH
+def bert_normalize(texts: tf.Tensor, do_lower_case: bool, fixups: bool = True) -> tf.Tensor:
+    """BERT's text normalisation (steps 2-3 above). <string>[N] -> <string>[N]."""
+    texts = tf.strings.regex_replace(texts, _DROP_RE, "")
+    texts = tf.strings.regex_replace(texts, _NON_ASCII_SPACE_RE, " ")
+    if do_lower_case:
+        if fixups:
+            texts = _map_code_points(texts, _BEFORE_LOWER)
+        texts = tf_text.normalize_utf8(texts, "NFD")
+        texts = tf.strings.regex_replace(texts, _MN_RE, "")
+        texts = tf.strings.lower(texts, encoding="utf-8")
+        if fixups:
+            texts = _map_code_points(texts, unicode_tables.LOWERCASE + _NFD_UNSHIELD)
+    return texts
+
+
+@_NOT_AUTOGRAPH
+def split_words(texts: tf.Tensor) -> tf.RaggedTensor:
+    """Step 4 on normalised text. <string>[N] -> <string>[N, (words)]."""
+    texts = tf.strings.regex_replace(texts, _PUNCT_OR_CJK_RE, r" \1 ")
+    return tf.strings.split(texts)  # on ASCII whitespace
+
+
+class WordPieceTokenizer(_SpecialTokensMixin):
+    """BERT WordPiece from a standard ``vocab.txt``; ids identical to HF ``BertTokenizerFast``."""
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True):
+        self.vocab_file = vocab_file
+        self.do_lower_case = bool(do_lower_case)
+        self.vocab = read_vocab(vocab_file)
+        self._init_specials(vocab_file)
+        self._wordpiece = self._fast_wordpiece(_MAX_BYTES_PER_WORD, no_pretokenization=True)
+        # ASCII rows only: there a byte is a character, so the byte limit is the reference's.
+        self._plain_ascii = self._fast_wordpiece(MAX_CHARS_PER_WORD, no_pretokenization=False)
+
+    def _fast_wordpiece(self, max_bytes_per_word, no_pretokenization):
+        return tf_text.FastWordpieceTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=max_bytes_per_word,
+            token_out_type=tf.int32,
+            unknown_token="[UNK]",
+            no_pretokenization=no_pretokenization,
+        )
+
+    @_NOT_AUTOGRAPH
+    def tokenize_words(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (words), (pieces)]; one word per whitespace/punctuation unit.
+
+        Graph-safe (usable in ``tf.data.Dataset.map`` on batched strings); a literal special
+        token in the text is one word of one piece, its id.
+        """
+        texts = tf.convert_to_tensor(texts, tf.string)
+        # regex_split stops at NUL; \x01 is dropped by the cleaning step just like NUL.
+        texts = tf.strings.regex_replace(texts, r"\x00", "\x01")
+        # Special tokens are matched on the raw text, before any normalisation, as HF does.
+        segments = _split_specials(texts)  # [N, (segments)]
+        flat = segments.flat_values
+        special_id = tf.fill(tf.shape(flat), tf.constant(-1, tf.int32))
+        for token, token_id in self._special.items():
+            special_id = tf.where(tf.equal(flat, token), token_id, special_id)
+        is_special = special_id >= 0
+        flat = tf.where(is_special, _UNK_WORD, flat)
+        words = split_words(bert_normalize(flat, self.do_lower_case))  # [S, (words)]
+        # The reference's word limit counts characters; the tokenizer's counts bytes.
+        too_long = tf.strings.length(words.flat_values, "UTF8_CHAR") > MAX_CHARS_PER_WORD
+        words = words.with_flat_values(tf.where(too_long, _UNK_WORD, words.flat_values))
+        pieces = self._wordpiece.tokenize(words)  # [S, (words), (pieces)]
+        # A special segment is exactly one word of one piece ([UNK] from _UNK_WORD): swap its id.
+        piece_special = tf.repeat(special_id, _pieces_per_segment(pieces))
+        ids = tf.where(piece_special >= 0, piece_special, pieces.flat_values)
+        pieces = pieces.with_flat_values(ids)
+        return _merge_dims_1_2(segments.with_flat_values(pieces))
+
+    @_NOT_AUTOGRAPH
+    def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (pieces)]; graph-safe, no [CLS]/[SEP] added.
+
+        Plain-ASCII rows take the fast path (see ``_PLAIN_ASCII_RE``), the rest ``tokenize_words``;
+        the two results are merged back in row order.
+        """
+        texts = tf.convert_to_tensor(texts, tf.string)
+        plain = tf.logical_and(
+            tf.strings.regex_full_match(texts, _PLAIN_ASCII_RE),
+            tf.logical_not(tf.strings.regex_full_match(texts, _HAS_SPECIAL_RE)),
+        )
+        plain_rows = tf.where(plain)[:, 0]  # <int64>[P]
+        other_rows = tf.where(tf.logical_not(plain))[:, 0]  # <int64>[N - P]
+        plain_texts = tf.gather(texts, plain_rows)
+        if self.do_lower_case:
+            plain_texts = tf.strings.lower(plain_texts)  # bytewise: ASCII only
+        other_ids = _merge_dims_1_2(self.tokenize_words(tf.gather(texts, other_rows)))
+        ids = tf.concat([self._plain_ascii.tokenize(plain_texts), other_ids], axis=0)
+        order = tf.math.invert_permutation(tf.concat([plain_rows, other_rows], axis=0))
+        return tf.gather(ids, order)
+
+
+def _split_specials(texts: tf.Tensor) -> tf.RaggedTensor:
+    """<string>[N] -> <string>[N, (segments)]: literal special tokens become their own segments.
+
+    ``tf_text.regex_split`` without its validated ``from_row_splits`` (three graph asserts, about
+    0.6 s of tracing in every tf.data map); the op's row splits are well formed by construction.
+    """
+    pattern = f"({_SPECIAL_RE})"
+    segments, _, _, row_splits = gen_regex_split_ops.regex_split_with_offsets(
+        texts, pattern, pattern
+    )
+    return tf.RaggedTensor.from_row_splits(segments, row_splits, validate=False)
+
+
+def _merge_dims_1_2(rt: tf.RaggedTensor) -> tf.RaggedTensor:
+    """``rt.merge_dims(1, 2)`` without its graph asserts (the splits are valid by construction)."""
+    splits = tf.gather(rt.values.row_splits, rt.row_splits)
+    return tf.RaggedTensor.from_row_splits(rt.values.values, splits, validate=False)
+
+
+def _pieces_per_segment(pieces: tf.RaggedTensor) -> tf.Tensor:
+    """<int32>[S, (words), (pieces)] -> <int64>[S] number of pieces in each segment."""
+    return tf.math.unsorted_segment_sum(
+        pieces.values.row_lengths(), pieces.value_rowids(), pieces.nrows()
+    )
+
+
+class SentencePieceTokenizer(_SpecialTokensMixin):
+    """A SentencePiece model (``.model`` file) with the BERT special tokens as pieces.
+
+    ``do_lower_case`` lower-cases the input first; models trained by ``bertjax.vocab`` with
+    ``--do_lower_case`` also case-fold in their own normaliser. Ids come from tensorflow-text's
+    SentencePiece build, which may break exact segmentation ties (runs like ``=====``)
+    differently from the ``sentencepiece`` package.
+    """
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = False):
+        self.vocab_file = vocab_file
+        self.do_lower_case = bool(do_lower_case)
+        if not tf.io.gfile.exists(vocab_file):
+            raise TokenizerError(f"sentencepiece model {vocab_file}: not found")
+        with tf.io.gfile.GFile(vocab_file, "rb") as f:
+            model = f.read()
+        import sentencepiece as spm  # only to validate the file and read its pieces
+
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError variants
+            raise TokenizerError(f"sentencepiece model {vocab_file}: unreadable ({e})") from None
+        self.vocab = [processor.IdToPiece(i) for i in range(processor.GetPieceSize())]
+        self._init_specials(vocab_file)
+        self._sp = tf_text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+
+    @_NOT_AUTOGRAPH
+    def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (pieces)]; graph-safe."""
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if self.do_lower_case:
+            texts = tf.strings.lower(texts, encoding="utf-8")
+        return self._sp.tokenize(texts)
+
+    @_NOT_AUTOGRAPH
+    def tokenize_words(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (words), (pieces)]; a word starts at a piece with '▁'."""
+        ids = self.tokenize(texts)
+        starts = tf.strings.regex_full_match(
+            tf.gather(tf.constant(self.vocab), ids.flat_values), "\u2581.*"
+        )
+        position = tf.range(tf.size(ids.flat_values), dtype=tf.int64)
+        first_in_row = tf.gather(ids.row_starts(), ids.value_rowids()) == position
+        starts = tf.logical_or(starts, first_in_row)
+        words = tf.RaggedTensor.from_row_starts(
+            ids.flat_values, tf.boolean_mask(position, starts), validate=False
+        )
+        word_rows = tf.boolean_mask(ids.value_rowids(), starts)
+        return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
+
+
+def create_tokenizer(kind: str, vocab_file: str, do_lower_case: bool):
+    """``kind`` is ``"wordpiece"`` (vocab.txt) or ``"sentencepiece"`` (.model file)."""
+    if kind == "wordpiece":
+        return WordPieceTokenizer(vocab_file, do_lower_case)
+    if kind == "sentencepiece":
+        return SentencePieceTokenizer(vocab_file, do_lower_case)
+    raise TokenizerError(f"tokenizer kind {kind!r}: expected 'wordpiece' or 'sentencepiece'")

@@ -1,0 +1,157 @@
+"""What the fine-tuning loop feeds the step: the checkpoint, the task's features, the batches.
+
+``prepare`` reads the pretrained checkpoint (any format ``bertjax.convert`` reads) and builds the
+task and its tokenizer; ``Data`` reads and featurizes each split once; ``init_params`` adds fresh
+heads to the pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch.
+The feature arrays' layout is ``bertjax.finetune.tasks``' docstring.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from flax import linen as nn
+
+from bertjax import convert
+from bertjax.finetune import tasks
+from bertjax.finetune.step import model_input_specs
+from bertjax.finetune.tasks import FinetuneInputError
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import stack_layers
+from bertjax.training import checkpoint
+
+_MODEL_OVERRIDES = (
+    "hidden_dropout_rate",
+    "attention_dropout_rate",
+    "dtype",
+    "scan_layers",
+    "remat_policy",
+)
+
+
+def model_overrides(config) -> dict:
+    """The ``config.model`` fields a fine-tuning run sets on the checkpoint's BertConfig."""
+    return {k: config.model[k] for k in _MODEL_OVERRIDES}
+
+
+def load_checkpoint(config) -> tuple[dict, BertConfig, str, bool]:
+    """``config.init_checkpoint`` (bertjax / HF dir / TF1) -> (params, BertConfig, vocab, lower).
+
+    ``config.model`` overrides dropout/dtype/layout; ``config.model.hidden_size`` (0 = any) must
+    match the checkpoint's.
+    """
+    if not config.init_checkpoint:
+        raise FinetuneInputError("config.init_checkpoint: expected a bertjax, HF or TF1 checkpoint")
+    lower = None if config.do_lower_case == "auto" else config.do_lower_case == "true"
+    conv = convert.load(config.init_checkpoint, do_lower_case=lower)
+    if config.model.hidden_size and config.model.hidden_size != conv.config.hidden_size:
+        raise FinetuneInputError(
+            f"{config.init_checkpoint}: checkpoint hidden size {conv.config.hidden_size} != "
+            f"config.model.hidden_size={config.model.hidden_size}"
+        )
+    bert_config = conv.config.replace(**model_overrides(config))
+    params = conv.params
+    if bert_config.scan_layers:
+        params = {**params, "encoder": stack_layers(params["encoder"], bert_config.num_layers)}
+    return params, bert_config, conv.vocab_file, conv.do_lower_case
+
+
+def init_params(model: nn.Module, pretrained: dict, example: dict, rng) -> dict:
+    """The pretrained subtrees, plus fresh ones (the heads) initialised as the encoder does.
+
+    Shapes come from ``jax.eval_shape`` (nothing is compiled); new kernels and embeddings are
+    drawn from the truncated normal(0, initializer_range) seeded by ``rng``, biases are 0 and
+    LayerNorm scales 1.
+    """
+    shapes = nn.unbox(jax.eval_shape(model.init, rng, *model_input_specs(example)))["params"]
+    stddev = model.config.initializer_range
+    params = {}
+    for index, (name, subtree) in enumerate(sorted(shapes.items())):
+        if name in pretrained:
+            got = jax.tree.map(np.shape, pretrained[name])
+            if jax.tree.map(lambda x: tuple(x.shape), subtree) != got:
+                raise FinetuneInputError(
+                    f"init_checkpoint: subtree {name!r} has shapes {got}, the model expects "
+                    f"{jax.tree.map(lambda x: tuple(x.shape), subtree)}"
+                )
+            params[name] = pretrained[name]
+            continue
+        leaves, treedef = jax.tree.flatten_with_path(subtree)
+        keys = jax.random.split(jax.random.fold_in(rng, index), len(leaves))
+        values = [
+            _fresh(path[-1].key, leaf, key, stddev)
+            for (path, leaf), key in zip(leaves, keys, strict=True)
+        ]
+        params[name] = jax.tree.unflatten(treedef, values)
+    return params
+
+
+def _fresh(leaf_name: str, leaf, key, stddev: float) -> np.ndarray:
+    if leaf_name in ("kernel", "embedding"):
+        return np.asarray(nn.initializers.truncated_normal(stddev)(key, leaf.shape, leaf.dtype))
+    fill = 1.0 if leaf_name == "scale" else 0.0
+    return np.full(leaf.shape, fill, leaf.dtype)
+
+
+def train_batches(features: tasks.Features, batch_size: int, num_steps: int, seed: int):
+    """Shuffled full batches, one fresh permutation per epoch (the last partial batch dropped)."""
+    rng = np.random.default_rng(seed)
+    n = len(features)
+    per_epoch = n // batch_size
+    if per_epoch == 0:
+        raise FinetuneInputError(
+            f"train split has {n} features, fewer than one batch of {batch_size}"
+        )
+    step = 0
+    while step < num_steps:
+        order = rng.permutation(n)
+        for i in range(min(per_epoch, num_steps - step)):
+            index = order[i * batch_size : (i + 1) * batch_size]
+            batch = {k: v[index] for k, v in features.arrays.items()}
+            batch["example_weights"] = np.ones((batch_size,), np.float32)
+            yield batch
+            step += 1
+
+
+class Data:
+    """Examples and features of every split a run needs, tokenized once."""
+
+    def __init__(self, task, config, tokenizer, splits):
+        self.examples, self.features = {}, {}
+        for split in splits:
+            examples = task.read(config.data_dir, split)
+            self.examples[split] = examples
+            self.features[split] = task.featurize(examples, tokenizer, config)
+            print(
+                f"{task.name}/{split}: {len(examples)} examples -> "
+                f"{len(self.features[split])} features",
+                flush=True,
+            )
+
+
+def prepare(config, checkpoint_path: str | None = None):
+    """-> (task, pretrained params, BertConfig, vocab file, do_lower_case, tokenizer).
+
+    From ``config.init_checkpoint``, or from a fine-tuned params-only ``checkpoint_path``.
+    """
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes; keep it off the GPU.
+    task = tasks.get_task(config)
+    if checkpoint_path is None:
+        pretrained, bert_config, vocab_file, lower = load_checkpoint(config)
+    else:
+        pretrained, bert_config, meta = checkpoint.load_params(checkpoint_path)
+        bert_config = bert_config.replace(**model_overrides(config))
+        vocab_file, lower = (
+            os.path.join(checkpoint_path, checkpoint.VOCAB_FILE),
+            meta["do_lower_case"],
+        )
+    tokenizer = tasks.load_tokenizer(vocab_file, lower)
+    return task, pretrained, bert_config, vocab_file, lower, tokenizer
+
+
+def existing_splits(task, config, splits) -> list[str]:
+    return [s for s in splits if task.has_split(config.data_dir, s)]

@@ -1,0 +1,142 @@
+"""The architecture of a BERT encoder: :class:`BertConfig` and the paper's model sizes.
+
+The model only ever sees a frozen ``BertConfig``, never the run config. Architecture fields
+(sizes, activation, dropout rates) travel with checkpoints as ``bert_config.json``; runtime fields
+(``dtype``, ``param_dtype``, ``scan_layers``, ``remat_policy``, ``gather_last_layer``) change speed
+or memory, never the function computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
+ATTENTION_KINDS = ("bidirectional", "causal")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+DTYPES = ("float32", "bfloat16", "float16")
+# Fields older bertjax versions wrote into bert_config.json; ignored when read.
+RETIRED_FIELDS = frozenset({"matmul"})
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture of a BERT encoder. Frozen, hashable, serialisable to JSON."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    # 'gelu_tanh' is the original BERT code's GELU; 'gelu' is the exact erf form (HF's 'gelu').
+    hidden_act: str = "gelu_tanh"
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+    attention: str = "bidirectional"  # 'causal' for the paper's left-to-right ablation
+    scan_layers: bool = False
+    remat_policy: str = "none"
+    # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
+    # positions its heads read ([CLS] and the masked positions; K/V still see every position):
+    # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less. A runtime choice
+    # like dtype. Unscanned layers only (with scan_layers the last layer runs in full).
+    gather_last_layer: bool = True
+
+    def __post_init__(self):
+        def check(cond, field, expected):
+            if not cond:
+                value = getattr(self, field)
+                raise ValueError(f"BertConfig.{field}={value!r}: expected {expected}")
+
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            check(
+                isinstance(getattr(self, field), int) and getattr(self, field) > 0,
+                field,
+                "a positive integer",
+            )
+        check(
+            self.hidden_size % self.num_heads == 0,
+            "hidden_size",
+            f"a multiple of num_heads={self.num_heads}",
+        )
+        check(0.0 <= self.hidden_dropout_rate < 1.0, "hidden_dropout_rate", "a rate in [0, 1)")
+        check(
+            0.0 <= self.attention_dropout_rate < 1.0, "attention_dropout_rate", "a rate in [0, 1)"
+        )
+        check(self.hidden_act in ACTIVATIONS, "hidden_act", f"one of {ACTIVATIONS}")
+        check(self.attention in ATTENTION_KINDS, "attention", f"one of {ATTENTION_KINDS}")
+        check(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}")
+        check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
+        check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
+        check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def computes_only_output_positions(self) -> bool:
+        """Whether, given output positions, the last layer computes only them (see LayerStack)."""
+        return self.gather_last_layer and not self.scan_layers
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> BertConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if k not in RETIRED_FIELDS}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown BertConfig fields {unknown}; known: {sorted(known)}"
+            )
+        return cls(**values)
+
+    def replace(self, **changes) -> BertConfig:
+        return dataclasses.replace(self, **changes)
+
+    def portable(self) -> BertConfig:
+        """The form written beside weights: the unscanned layout (readers pick theirs)."""
+        return self.replace(scan_layers=False)
+
+
+# Model sizes. "base"/"large" are the paper's BERT-BASE and BERT-LARGE; "L{l}_H{h}_A{a}" are the
+# model-size ablation grid of the paper (Table 6); "tiny".."medium" are Google's BERT miniatures.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, intermediate_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+    "L3_H768_A12": dict(num_layers=3, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "L6_H768_A3": dict(num_layers=6, hidden_size=768, num_heads=3, intermediate_size=3072),
+    "L6_H768_A12": dict(num_layers=6, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "L12_H768_A12": dict(num_layers=12, hidden_size=768, num_heads=12, intermediate_size=3072),
+    "L12_H1024_A16": dict(num_layers=12, hidden_size=1024, num_heads=16, intermediate_size=4096),
+    "L24_H1024_A16": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
+}
+
+
+def config_for_size(size: str, **overrides) -> BertConfig:
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; known: {sorted(SIZES)}")
+    return BertConfig(**{**SIZES[size], **overrides})

@@ -1,0 +1,354 @@
+"""The BERT encoder (Devlin et al., 2018) as pure-functional Flax linen modules.
+
+The model only ever sees its frozen ``BertConfig`` (``bertjax.model.config``), never the run
+config. Attention itself is ``bertjax.model.attention``; heads (pooler, MLM, NSP, task heads) are
+``heads.py`` and losses ``losses.py``.
+
+Parameter tree of :class:`BertEncoder` (shapes for hidden H, heads N, head dim D = H / N,
+intermediate F, vocab V, positions P, segment types T), with the logical axes of
+``bertjax.model.axes``::
+
+    embeddings/word_embeddings/embedding        <V, H>     (vocab, embed)
+    embeddings/position_embeddings/embedding    <P, H>     (None, embed)
+    embeddings/token_type_embeddings/embedding  <T, H>     (None, embed)
+    embeddings/layer_norm/{scale,bias}          <H>        (embed)
+    layers/layer_{i}/attention/{query,key,value}/kernel <H, N, D> (embed, heads, kv); bias <N, D>
+    layers/layer_{i}/attention/output/kernel    <N, D, H>  (heads, kv, embed);  bias <H>
+    layers/layer_{i}/attention_layer_norm/{scale,bias} <H>
+    layers/layer_{i}/intermediate/kernel        <H, F>     (embed, mlp);        bias <F> (mlp)
+    layers/layer_{i}/output/kernel              <F, H>     (mlp, embed);        bias <H>
+    layers/layer_{i}/output_layer_norm/{scale,bias} <H>
+
+With ``scan_layers=True`` the ``layer_{i}`` subtrees are stacked into one ``layers/layer`` subtree
+whose leaves have a leading ``<num_layers>`` dimension with logical axis ``layers``;
+:func:`stack_layers` / :func:`unstack_layers` convert between the two layouts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from bertjax.model import attention as attention_lib
+from bertjax.model import axes as sh
+from bertjax.model import backend
+from bertjax.model.config import ACTIVATIONS, BertConfig
+from bertjax.model.dropout import Dropout
+
+
+def _dtype(name: str):
+    return jnp.dtype(name)
+
+
+def _init(config: BertConfig, axes):
+    # The original code initialises every weight from a truncated normal(0, initializer_range).
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(config.initializer_range), axes
+    )
+
+
+def activation(name: str):
+    if name == "gelu_tanh":
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    if name == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name == "relu":
+        return jax.nn.relu
+    raise ValueError(f"unknown activation {name!r}; expected one of {ACTIVATIONS}")
+
+
+class Dense(nn.Module):
+    """``y = x · kernel + bias`` contracting the last ``contract_dims`` dims of ``x``.
+
+    Written with ``self.param`` + ``dot_general`` instead of ``nn.DenseGeneral`` so every kernel and
+    bias carries logical axes (``kernel_axes`` = input axes + output axes) and works under
+    ``jax.set_mesh`` with multi-dimensional features. The dot's form per backend is
+    :func:`bertjax.model.backend.dense_dot`.
+    """
+
+    features: tuple[int, ...]
+    kernel_axes: tuple[str | None, ...]
+    config: BertConfig
+    contract_dims: int = 1
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        in_shape = x.shape[x.ndim - self.contract_dims :]
+        kernel = self.param(
+            "kernel",
+            _init(cfg, self.kernel_axes),
+            in_shape + tuple(self.features),
+            _dtype(cfg.param_dtype),
+        )
+        bias_axes = self.kernel_axes[self.contract_dims :]
+        bias = self.param(
+            "bias",
+            nn.with_logical_partitioning(nn.initializers.zeros, bias_axes),
+            tuple(self.features),
+            _dtype(cfg.param_dtype),
+        )
+        x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=_dtype(cfg.dtype))
+        return backend.dense_dot(x, kernel, self.contract_dims) + bias
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=_dtype(config.dtype),
+        param_dtype=_dtype(config.param_dtype),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones, (sh.EMBED,)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (sh.EMBED,)),
+        name=name,
+    )
+
+
+class Embeddings(nn.Module):
+    """Token + learned position + segment embeddings, LayerNorm, dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        embed = lambda n, axes, name: nn.Embed(
+            n,
+            cfg.hidden_size,
+            dtype=_dtype(cfg.dtype),
+            param_dtype=_dtype(cfg.param_dtype),
+            embedding_init=_init(cfg, axes),
+            name=name,
+        )
+        self.word_embeddings = embed(cfg.vocab_size, (sh.VOCAB, sh.EMBED), "word_embeddings")
+        self.position_embeddings = embed(
+            cfg.max_position_embeddings, (None, sh.EMBED), "position_embeddings"
+        )
+        self.token_type_embeddings = embed(
+            cfg.type_vocab_size, (None, sh.EMBED), "token_type_embeddings"
+        )
+        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.dropout = Dropout(cfg.hidden_dropout_rate)
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
+        """<int32>[B, L] ids and segment ids -> <dtype>[B, L, H]."""
+        length = input_ids.shape[1]
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(jnp.arange(length)[None, :])
+            + self.token_type_embeddings(segment_ids)
+        )
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        return nn.with_logical_constraint(x, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Tied decoder: <dtype>[..., H] -> <dtype>[..., V] logits against the token embedding."""
+        return self.word_embeddings.attend(x)
+
+
+class SelfAttention(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, input_mask, deterministic: bool, query_positions=None):
+        """<dtype>[B, L, H], <int32>[B, L] input mask -> <dtype>[B, Q, H].
+
+        Queries are every position (Q = L), or only ``query_positions`` <int32>[B, Q] (keys and
+        values are always every position).
+        """
+        cfg = self.config
+        qkv_axes = (sh.EMBED, sh.HEADS, sh.KV)
+        features = (cfg.num_heads, cfg.head_dim)
+        length_axis = sh.ACT_LENGTH if query_positions is None else None  # Q: never sharded
+        queries_in = x if query_positions is None else gather_positions(x, query_positions)
+        query = Dense(features, qkv_axes, cfg, name="query")(queries_in)  # [B, Q, N, D]
+        key = Dense(features, qkv_axes, cfg, name="key")(x)  # [B, L, N, D]
+        value = Dense(features, qkv_axes, cfg, name="value")(x)
+        query = query / jnp.sqrt(cfg.head_dim).astype(query.dtype)
+        seed = None
+        if not deterministic and cfg.attention_dropout_rate > 0.0:
+            seed = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
+        context = attention_lib.attention(
+            query,
+            key,
+            value,
+            input_mask,
+            causal=cfg.attention == "causal",
+            query_positions=query_positions,
+            dropout_rate=cfg.attention_dropout_rate,
+            dropout_seed=seed,
+        )
+        context = nn.with_logical_constraint(
+            context, (sh.ACT_BATCH, length_axis, sh.ACT_HEADS, None)
+        )
+        return Dense(
+            (cfg.hidden_size,), (sh.HEADS, sh.KV, sh.EMBED), cfg, contract_dims=2, name="output"
+        )(context)
+
+
+class EncoderLayer(nn.Module):
+    """One post-LayerNorm transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+
+    With ``query_positions`` <int32>[B, Q] everything after the key/value projections runs at
+    those positions only and the output is <dtype>[B, Q, H]: the last layer of pretraining,
+    whose heads read [CLS] and the masked positions (:class:`LayerStack`).
+
+    Returns ``(x, x if collect else None)``: the (carry, output) form ``nn.scan`` wants.
+    """
+
+    config: BertConfig
+    collect: bool = False
+
+    @nn.compact
+    def __call__(self, x, input_mask, deterministic: bool, query_positions=None):
+        cfg = self.config
+        length_axis = sh.ACT_LENGTH if query_positions is None else None
+        act_axes = (sh.ACT_BATCH, length_axis, sh.ACT_EMBED)
+        h = SelfAttention(cfg, name="attention")(x, input_mask, deterministic, query_positions)
+        h = Dropout(cfg.hidden_dropout_rate)(h, deterministic=deterministic)
+        if query_positions is not None:
+            x = gather_positions(x, query_positions)
+        x = layer_norm(cfg, "attention_layer_norm")(x + h)
+        x = nn.with_logical_constraint(x, act_axes)
+        h = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x)
+        h = nn.with_logical_constraint(
+            activation(cfg.hidden_act)(h), (sh.ACT_BATCH, length_axis, sh.ACT_MLP)
+        )
+        h = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(h)
+        h = Dropout(cfg.hidden_dropout_rate)(h, deterministic=deterministic)
+        x = layer_norm(cfg, "output_layer_norm")(x + h)
+        x = nn.with_logical_constraint(x, act_axes)
+        return x, (x if self.collect else None)
+
+
+def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """<dtype>[B, L, H], <int32>[B, Q] -> <dtype>[B, Q, H] (the rows of ``x`` at ``positions``)."""
+    return jnp.take_along_axis(x, positions[..., None], axis=1)
+
+
+def _layer_class(config: BertConfig):
+    if config.remat_policy == "none":
+        return EncoderLayer
+    policy = {
+        "full": None,
+        "dots": jax.checkpoint_policies.checkpoint_dots,
+        "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }[config.remat_policy]
+    # self is argument 0, so `deterministic` is argument 3.
+    return nn.remat(EncoderLayer, policy=policy, static_argnums=(3,))
+
+
+class LayerStack(nn.Module):
+    """``num_layers`` encoder layers, unrolled (``layer_{i}``) or scanned (``layer``, stacked)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self, x, input_mask, deterministic: bool, output_hidden_states: bool, positions=None
+    ):
+        """Returns the last layer <dtype>[B, L, H] and a list of each layer's output (or None).
+
+        With ``positions`` <int32>[B, Q] the last layer's output is <dtype>[B, Q, H], at those
+        positions: with ``config.computes_only_output_positions`` the last layer computes only
+        them (``EncoderLayer``), else it runs at every position and they are gathered after.
+        """
+        cfg = self.config
+        layer = _layer_class(cfg)
+        gather_after = positions is not None and not cfg.computes_only_output_positions
+        if cfg.scan_layers:
+            scanned = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+            )
+            x, stacked = scanned(cfg, collect=output_hidden_states, name="layer")(
+                x, input_mask, deterministic
+            )
+            outputs = [stacked[i] for i in range(cfg.num_layers)] if output_hidden_states else None
+        else:
+            outputs = []
+            for i in range(cfg.num_layers):
+                last = i == cfg.num_layers - 1 and not gather_after
+                x, _ = layer(cfg, name=f"layer_{i}")(
+                    x, input_mask, deterministic, positions if last else None
+                )
+                outputs.append(x)
+            outputs = outputs if output_hidden_states else None
+        if gather_after:
+            x = gather_positions(x, positions)
+        return x, outputs
+
+
+class EncoderOutput(NamedTuple):
+    sequence_output: jax.Array  # <dtype>[B, L, H] last layer ([B, Q, H] with output_positions)
+    # num_layers + 1 arrays <dtype>[B, L, H] (embeddings output first, as HF), or None.
+    hidden_states: tuple[jax.Array, ...] | None
+
+
+class BertEncoder(nn.Module):
+    """Embeddings + ``num_layers`` encoder layers. No pooler (see ``heads.Pooler``)."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.embeddings = Embeddings(self.config, name="embeddings")
+        self.layers = LayerStack(self.config, name="layers")
+
+    def __call__(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        *,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+        output_positions: jax.Array | None = None,
+    ) -> EncoderOutput:
+        """<int32>[B, L] input_ids, segment_ids, input_mask -> EncoderOutput.
+
+        ``output_positions`` <int32>[B, Q]: the sequence output only at these positions,
+        <dtype>[B, Q, H]; with ``config.computes_only_output_positions`` the last layer then
+        computes only them.
+        """
+        cfg = self.config
+        if output_positions is not None and output_hidden_states:
+            raise ValueError("output_positions and output_hidden_states cannot be combined")
+        if input_ids.shape[1] > cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds "
+                f"max_position_embeddings={cfg.max_position_embeddings}"
+            )
+        first = self.embeddings(input_ids, segment_ids, deterministic)
+        x, outputs = self.layers(
+            first, input_mask, deterministic, output_hidden_states, output_positions
+        )
+        return EncoderOutput(x, (first, *outputs) if output_hidden_states else None)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        return self.embeddings.attend(x)
+
+
+def stack_layers(encoder_params: dict, num_layers: int) -> dict:
+    """Unscanned encoder params (``layers/layer_{i}``) -> scanned (``layers/layer``, stacked)."""
+    per_layer = [encoder_params["layers"][f"layer_{i}"] for i in range(num_layers)]
+    stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *per_layer)
+    return {**encoder_params, "layers": {"layer": stacked}}
+
+
+def unstack_layers(encoder_params: dict, num_layers: int) -> dict:
+    """Scanned encoder params (``layers/layer``) -> unscanned ``layers/layer_{i}`` layout."""
+    stacked = encoder_params["layers"]["layer"]
+    layers = {f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_layers)}
+    return {**encoder_params, "layers": layers}
+
+
+def count_params(params) -> int:
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))

@@ -1,0 +1,244 @@
+"""Heads on top of :class:`bertjax.model.encoder.BertEncoder` and the composite models built from
+them.
+
+Every composite model has the same top-level parameter names, so a subtree can move between
+them (a pretraining checkpoint initialises a fine-tuning model by copying ``encoder`` and
+``pooler``):
+
+    encoder/...                              see bertjax.model.encoder
+    pooler/dense/{kernel <H, H>, bias <H>}   tanh(dense(h[CLS]))
+    mlm/transform/{kernel <H, H>, bias <H>}  dense + activation + LayerNorm on gathered positions
+    mlm/layer_norm/{scale, bias} <H>
+    mlm/output_bias <V>                      decoder is tied to encoder/embeddings/word_embeddings
+    nsp/dense/{kernel <H, 2>, bias <2>}      IsNext / NotNext on the pooled output
+
+Task heads (classification/regression, span, tagging, multiple choice; used by
+``bertjax.finetune``) are at the end of this file and use the same ``encoder``/``pooler`` names;
+their own subtrees are ``classifier/dense`` (or ``span`` for SQuAD).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from bertjax.model import axes as sh
+from bertjax.model.backend import add_vocab_bias
+from bertjax.model.config import BertConfig
+from bertjax.model.dropout import Dropout
+from bertjax.model.encoder import BertEncoder, Dense, activation, gather_positions, layer_norm
+
+
+class Pooler(nn.Module):
+    """tanh(dense(h[:, 0])): <dtype>[B, L, H] -> <dtype>[B, H]."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, sequence_output: jax.Array) -> jax.Array:
+        cfg = self.config
+        first = sequence_output[:, 0]
+        return jnp.tanh(Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="dense")(first))
+
+
+class MaskedLMHead(nn.Module):
+    """MLM logits at the masked positions only, through the decoder tied to the token embedding."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, sequence_output, masked_lm_positions, decoder) -> jax.Array:
+        """<dtype>[B, L, H], <int32>[B, P], tied decoder fn -> <float32>[B, P, V] logits.
+
+        ``masked_lm_positions=None``: ``sequence_output`` is already <dtype>[B, P, H] at them.
+        """
+        cfg = self.config
+        # Gather first: the transform and the V-way decoder run on [B, P, H], never [B, L, H].
+        gathered = sequence_output
+        if masked_lm_positions is not None:
+            gathered = gather_positions(sequence_output, masked_lm_positions)
+        h = Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="transform")(gathered)
+        h = layer_norm(cfg, "layer_norm")(activation(cfg.hidden_act)(h))
+        bias = self.param(
+            "output_bias",
+            nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
+            (cfg.vocab_size,),
+            jnp.dtype(cfg.param_dtype),
+        )
+        logits = add_vocab_bias(decoder(h).astype(jnp.float32), bias.astype(jnp.float32))
+        return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
+
+
+class NextSentenceHead(nn.Module):
+    """<dtype>[B, H] pooled output -> <float32>[B, 2] logits (0 = IsNext, 1 = NotNext)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, pooled_output: jax.Array) -> jax.Array:
+        return Dense((2,), (sh.EMBED, None), self.config, name="dense")(pooled_output).astype(
+            jnp.float32
+        )
+
+
+class BertOutput(NamedTuple):
+    sequence_output: jax.Array  # <dtype>[B, L, H]
+    pooled_output: jax.Array  # <dtype>[B, H]
+    hidden_states: tuple[jax.Array, ...] | None  # num_layers + 1 of <dtype>[B, L, H], or None
+
+
+class BertModel(nn.Module):
+    """Encoder + pooler; the equivalent of HF's ``BertModel``."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+
+    def __call__(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        *,
+        deterministic: bool = True,
+        output_hidden_states: bool = False,
+    ) -> BertOutput:
+        out = self.encoder(
+            input_ids,
+            segment_ids,
+            input_mask,
+            deterministic=deterministic,
+            output_hidden_states=output_hidden_states,
+        )
+        return BertOutput(out.sequence_output, self.pooler(out.sequence_output), out.hidden_states)
+
+
+class PreTrainingOutput(NamedTuple):
+    mlm_logits: jax.Array  # <float32>[B, P, V]
+    nsp_logits: jax.Array  # <float32>[B, 2]
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + pooler + MLM + NSP heads; the equivalent of HF's ``BertForPreTraining``.
+
+    The NSP head always exists (so checkpoints export to HF's class); the No-NSP ablation simply
+    gives its loss zero weight. With ``config.gather_last_layer`` the encoder's last layer runs
+    only at [CLS] and the masked positions, the only ones the heads read (same outputs).
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.mlm = MaskedLMHead(self.config, name="mlm")
+        self.nsp = NextSentenceHead(self.config, name="nsp")
+
+    def __call__(
+        self, input_ids, segment_ids, input_mask, masked_lm_positions, *, deterministic: bool = True
+    ) -> PreTrainingOutput:
+        """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
+        cls_position = jnp.zeros_like(masked_lm_positions[:, :1])
+        read = self.encoder(
+            input_ids,
+            segment_ids,
+            input_mask,
+            deterministic=deterministic,
+            output_positions=jnp.concatenate([cls_position, masked_lm_positions], axis=1),
+        ).sequence_output  # <dtype>[B, 1 + P, H]: [CLS], then the masked positions
+        mlm_logits = self.mlm(read[:, 1:], None, self.encoder.attend)
+        return PreTrainingOutput(mlm_logits, self.nsp(self.pooler(read)))
+
+
+# ---- Fine-tuning task heads (paper §4). Same ``encoder``/``pooler`` names as BertModel. ----
+
+
+class ClassificationOutput(nn.Module):
+    """Dropout + dense: <dtype>[..., H] -> <float32>[..., features] (original run_classifier.py)."""
+
+    config: BertConfig
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        x = Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
+        dense = Dense((self.features,), (sh.EMBED, None), self.config, name="dense")
+        return dense(x).astype(jnp.float32)
+
+
+class BertForSequenceClassification(nn.Module):
+    """[CLS] classifier on the pooled output -> <float32>[B, num_labels] (1 label: regression)."""
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        """<int32>[B, L] x3 -> <float32>[B, num_labels]."""
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.classifier(self.pooler(sequence_output), deterministic)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Start / end vectors S, E on the sequence output -> <float32>[B, L, 2] (start, end) logits."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.span = Dense((2,), (sh.EMBED, None), self.config, name="span")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.span(sequence_output).astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+    """Per-token tagger on the sequence output -> <float32>[B, L, num_labels]."""
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        sequence_output = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic
+        ).sequence_output
+        return self.classifier(sequence_output, deterministic)
+
+
+class BertForMultipleChoice(nn.Module):
+    """A vector V scores each choice's pooled output -> <float32>[B, C] (softmax over choices)."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.pooler = Pooler(self.config, name="pooler")
+        self.classifier = ClassificationOutput(self.config, 1, name="classifier")
+
+    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+        """<int32>[B, C, L] x3 -> <float32>[B, C]."""
+        batch, choices, length = input_ids.shape
+        flat = lambda x: x.reshape(batch * choices, length)
+        sequence_output = self.encoder(
+            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic
+        ).sequence_output
+        scores = self.classifier(self.pooler(sequence_output), deterministic)
+        return scores.reshape(batch, choices)

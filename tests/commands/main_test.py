@@ -1,0 +1,269 @@
+"""End-to-end: ``python -m bertjax.main`` as subprocesses on a slice of the bundled corpus.
+
+One uninterrupted reference run, then the same command killed with SIGKILL (aimed at an async
+save), resumed and stopped with SIGTERM, resumed to the end: its parameters must be bit-identical
+to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must match one.
+All runs share a persistent compilation cache so only the first one pays for compiling.
+"""
+
+import gzip
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bertjax.data import bundled
+from bertjax.training import checkpoint
+from tests.pretrain.step_test import TINY_MODEL
+
+REPO = pathlib.Path(__file__).parents[2]
+pytestmark = pytest.mark.xdist_group("main_test")  # one reference run per suite (conftest)
+NUM_STEPS = 8
+
+
+def _overrides(corpus: pathlib.Path) -> list[str]:
+    values = {
+        **{f"model.{k}": v for k, v in TINY_MODEL.items()},
+        "data.cache_dir": str(corpus.parent / "cache"),
+        "data.max_seq_length": 32,
+        "data.max_predictions_per_seq": 5,
+        "train.num_steps": NUM_STEPS,
+        "train.global_batch_size": 8,
+        "train.log_every": 1,
+        "train.eval_every": 4,
+        "train.eval_steps": 2,
+        "train.eval_batch_size": 8,
+        "checkpoint.every_steps": 2,
+        "optimizer.warmup_steps": 2,
+    }
+    return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("main")
+    # 40 chapters of the bundled corpus: enough documents for NSP, quick to tokenize.
+    with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
+        chapters = f.read().split("\n\n")[:40]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
+    # List-valued fields cannot be overridden on the command line: a config file sets them.
+    (root / "test_config.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
+        f"def get_config():\n    config = tiny.get_config()\n"
+        f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
+        f"    return config\n"
+    )
+    environ = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # tiny model, 8 steps: compiling is the cost
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    # The quiet start is bertjax's own (bertjax.startup), not the test's: no platform hints.
+    for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
+        environ.pop(name, None)
+    return root, corpus, environ
+
+
+def _command(corpus, workdir, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "bertjax.main",
+        f"--config={corpus.parent / 'test_config.py'}",
+        f"--workdir={workdir}",
+        *_overrides(corpus),
+        *extra,
+    ]
+
+
+def _run(env, workdir, *extra, timeout=300):
+    _, corpus, environ = env
+    return subprocess.run(
+        _command(corpus, workdir, *extra),
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(env):
+    workdir = env[0] / "reference"
+    result = _run(env, workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir, result.stdout, result.stderr
+
+
+def test_start_up_is_quiet_on_a_cpu_machine(reference):
+    """No CUDA/TPU probing lines (libtpu is installed by the test extra) and no line twice."""
+    _, stdout, stderr = reference
+    lines = [line for line in (stdout + stderr).splitlines() if line.strip()]
+    noise = re.compile(r"cuda|cuInit|TPU|libtpu|oneDNN|InitializeLog|cpu_feature_guard", re.I)
+    assert not [line for line in lines if noise.search(line)], stderr[-3000:]
+    assert len(lines) == len(set(lines)), [line for line in lines if lines.count(line) > 1]
+
+
+def test_reference_run_logs_evaluates_and_exports(reference):
+    workdir, stdout, _ = reference
+    lines = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == NUM_STEPS
+    for field in (
+        "loss",
+        "mlm_loss",
+        "mlm_acc",
+        "nsp_loss",
+        "nsp_acc",
+        "lr",
+        "grad_norm",
+        "seq/s",
+        "tok/s",
+        "gflop/s/dev",
+        "eta",
+    ):
+        assert f" {field} " in lines[-1], lines[-1]
+    assert re.search(r"^eval step 8 mlm_loss \S+ mlm_accuracy", stdout, re.M)
+    assert "final summary:" in stdout
+    assert re.search(r"^mfu: no known peak for 'cpu'", stdout, re.M)  # and no MFU on CPU
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    params, bert_config, vocab_file, do_lower_case = checkpoint.latest_params_from_workdir(workdir)
+    assert set(params) == {"encoder", "pooler", "mlm", "nsp"}
+    assert "layer_1" in params["encoder"]["layers"] and bert_config.hidden_size == 32
+    assert (
+        do_lower_case
+        and pathlib.Path(vocab_file).read_text()
+        == pathlib.Path(bundled.bundled_paths().vocab).read_text()
+    )
+
+
+def _wait_for(proc, predicate, timeout=240):
+    start = time.time()
+    while time.time() - start < timeout:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.002)
+    return False
+
+
+def test_sigkill_then_sigterm_then_resume_is_bit_identical(env, reference):
+    _, corpus, environ = env
+    workdir = env[0] / "interrupted"
+    ckpt_dir = workdir / "checkpoints"
+    # 1) SIGKILL the moment a checkpoint directory is being written (orbax's temporary name).
+    proc = subprocess.Popen(
+        _command(corpus, workdir),
+        env=environ,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    in_save = lambda: ckpt_dir.exists() and any("tmp" in p.name for p in ckpt_dir.iterdir())
+    _wait_for(proc, in_save)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # 2) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
+    log = open(env[0] / "sigterm_stderr.txt", "w")  # noqa: SIM115 - read back on failure
+    proc = subprocess.Popen(
+        _command(corpus, workdir),
+        env=environ,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    for line in proc.stdout:
+        if line.startswith("step "):
+            proc.send_signal(signal.SIGTERM)
+            break
+    proc.stdout.read()
+    returncode = proc.wait(timeout=120)
+    log.close()
+    assert returncode == 0, (env[0] / "sigterm_stderr.txt").read_text()[-3000:]
+    stopped_at = int(line.split()[1].split("/")[0])
+    steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
+    assert steps and steps[-1] >= stopped_at
+    # 3) Resume to the end.
+    result = _run(env, workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "restored step" in result.stdout
+    got, *_ = checkpoint.latest_params_from_workdir(workdir)
+    want, *_ = checkpoint.latest_params_from_workdir(reference[0])
+    flat = lambda tree: {k: v for k, v in _flatten(tree)}
+    for key, value in flat(want).items():
+        np.testing.assert_array_equal(flat(got)[key], value, err_msg=key)
+
+
+def _flatten(tree, prefix=""):
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}/")
+        else:
+            yield f"{prefix}{k}", np.asarray(v)
+
+
+def test_two_processes_match_one(env, reference):
+    _, corpus, environ = env
+    workdir = env[0] / "multihost"
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            _command(
+                corpus,
+                workdir,
+                f"--coordinator_address=localhost:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+            ),
+            env=environ,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=400) for p in procs]
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    got, *_ = checkpoint.latest_params_from_workdir(workdir)
+    want, *_ = checkpoint.latest_params_from_workdir(reference[0])
+    for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_bad_config_is_one_line_error(env):
+    result = _run(env, env[0] / "bad", "--config.data.max_seq_length=64", timeout=120)
+    assert result.returncode == 1
+    assert "error: config.data.max_seq_length=64 exceeds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
+    # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows.
+    workdir = env[0] / "nan"
+    result = _run(
+        env,
+        workdir,
+        "--config.optimizer.learning_rate=1e30",
+        "--config.optimizer.warmup_steps=0",
+        "--config.optimizer.max_grad_norm=0",
+    )
+    assert result.returncode == 1
+    assert "error: non-finite loss or gradient at step 2" in result.stderr
+    steps = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert steps == [], steps  # step 2 (a checkpoint step) was not saved

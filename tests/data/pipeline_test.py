@@ -1,0 +1,212 @@
+"""The host pipeline: batch contract, determinism, resume, host shares, eval padding, sources."""
+
+import gzip
+import itertools
+
+import numpy as np
+import pytest
+
+from bertjax.data import bundled, pipeline
+from bertjax.data.instances import DataError
+from configs import base
+
+LENGTH, PREDICTIONS = 64, 10
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The first ~1500 lines of the bundled corpus (about 60 documents)."""
+    folder = tmp_path_factory.mktemp("corpus")
+    with gzip.open(bundled.TRAIN_CORPUS, "rt") as f:
+        lines = list(itertools.islice(f, 1500))
+    (folder / "train.txt").write_text("".join(lines))
+    with gzip.open(bundled.EVAL_CORPUS, "rt") as f:
+        (folder / "eval.txt").write_text("".join(itertools.islice(f, 300)))
+    return folder
+
+
+def _config(corpus, **overrides):
+    config = base.get_config().data
+    config.input_files = [str(corpus / "train.txt")]
+    config.eval_input_files = [str(corpus / "eval.txt")]
+    config.cache_dir = str(corpus / "cache")
+    config.max_seq_length, config.max_predictions_per_seq = LENGTH, PREDICTIONS
+    config.update(overrides)
+    return config
+
+
+def _batches(config, count, **kwargs):
+    args = dict(batch_size=8, seed=0, process_index=0, process_count=1)
+    dataset = pipeline.create_pretrain_dataset(config, **{**args, **kwargs})
+    return list(dataset.take(count).as_numpy_iterator())
+
+
+def _original_ids(batch):
+    ids = batch["input_ids"].copy()
+    r, c = np.nonzero(batch["masked_lm_weights"])
+    ids[r, batch["masked_lm_positions"][r, c]] = batch["masked_lm_ids"][r, c]
+    return ids
+
+
+def _table(config):
+    from bertjax.data import sources
+
+    tokenizer = sources.create_tokenizer(config)
+    return sources.open_or_build(config, tokenizer, "train", 0)
+
+
+def test_batch_contract(corpus):
+    batch = _batches(_config(corpus), 1)[0]
+    shapes = {
+        "masked_lm_positions": (8, PREDICTIONS),
+        "masked_lm_ids": (8, PREDICTIONS),
+        "masked_lm_weights": (8, PREDICTIONS),
+        "next_sentence_labels": (8,),
+        "example_weight": (8,),
+    }
+    for name in pipeline.FEATURES:
+        assert batch[name].shape == shapes.get(name, (8, LENGTH)), name
+        float_names = ("masked_lm_weights", "example_weight")
+        assert batch[name].dtype == (np.float32 if name in float_names else np.int32), name
+    for row in range(8):
+        n = batch["input_mask"][row].sum()
+        assert np.all(batch["input_mask"][row, :n] == 1) and np.all(
+            batch["input_ids"][row, n:] == 0
+        )
+        seps = np.flatnonzero(_original_ids(batch)[row] == 3)
+        assert _original_ids(batch)[row, 0] == 2 and len(seps) == 2 and seps[1] == n - 1
+        np.testing.assert_array_equal(batch["segment_ids"][row, : seps[0] + 1], 0)
+        np.testing.assert_array_equal(batch["segment_ids"][row, seps[0] + 1 : n], 1)
+        np.testing.assert_array_equal(batch["segment_ids"][row, n:], 0)
+
+
+def test_same_seed_same_batches_and_exact_resume(corpus):
+    config = _config(corpus)
+    size = _table(config).num_rows
+    count = size // 8 + 6  # crosses the first epoch boundary
+    full = _batches(config, count)
+    again = _batches(config, count)
+    resumed = _batches(config, count - 20, start_batch=20)
+    for a, b in zip(full, again, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    for a, b in zip(full[20:], resumed, strict=True):
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    other = _batches(config, 1, seed=1)[0]
+    assert not np.array_equal(other["input_ids"], full[0]["input_ids"])
+
+
+def test_hosts_get_disjoint_slices_of_the_global_batch_covering_the_corpus(corpus):
+    config = _config(corpus)
+    table = _table(config)
+    size = table.num_rows
+    steps = -(-size // 16)
+    single = _batches(config, steps, batch_size=16)
+    hosts = [_batches(config, steps, process_index=h, process_count=2) for h in range(2)]
+    for k in range(steps):
+        for name in single[k]:
+            merged = np.concatenate([hosts[0][k][name], hosts[1][k][name]])
+            np.testing.assert_array_equal(merged, single[k][name])
+    seen = np.concatenate([_original_ids(b) for b in single])[:size]  # exactly one epoch
+    rows = table.read(np.arange(size))[:, :LENGTH]
+    assert sorted(map(tuple, seen)) == sorted(map(tuple, rows))
+
+
+def test_feistel_permutation_is_a_bijection():
+    for size in (1, 2, 7, 100, 1000, 4097):
+        perm = pipeline.feistel_permutation(np.arange(size), size, key=12345)
+        assert sorted(perm.tolist()) == list(range(size))
+
+
+def test_dynamic_masks_change_between_epochs_static_do_not(corpus):
+    for masking, expect_same in (("dynamic", False), ("static", True)):
+        config = _config(corpus, masking=masking)
+        size = _table(config).num_rows
+        rows = np.concatenate([b["input_ids"] for b in _batches(config, 2 * size // 8 + 1)])
+        epochs = [set(map(tuple, rows[e * size : (e + 1) * size])) for e in range(2)]
+        assert (epochs[0] == epochs[1]) == expect_same, masking
+
+
+def test_eval_is_finite_padded_and_equal_across_hosts(corpus):
+    config = _config(corpus)
+    hosts = [
+        _batches(config, 10_000, split="eval", process_index=h, process_count=3) for h in range(3)
+    ]
+    assert len({len(h) for h in hosts}) == 1
+    weights = np.concatenate([b["example_weight"] for h in hosts for b in h])
+    from bertjax.data import sources
+
+    tokenizer = sources.create_tokenizer(config)
+    num_rows = sources.open_or_build(config, tokenizer, "eval", 0).num_rows
+    assert weights.sum() == num_rows and len(weights) >= num_rows
+    for batch in (b for h in hosts for b in h):
+        padded = batch["example_weight"] == 0
+        assert np.all(batch["masked_lm_weights"][padded] == 0)
+    assert np.array_equal(
+        hosts[0][0]["input_ids"], _batches(config, 1, split="eval", process_count=3)[0]["input_ids"]
+    )
+
+
+def test_ltr_and_no_nsp(corpus):
+    config = _config(corpus, objective="ltr", nsp=False, max_predictions_per_seq=LENGTH)
+    batch = _batches(config, 1)[0]
+    assert batch["masked_lm_positions"].shape == (8, LENGTH)
+    assert np.all(batch["segment_ids"] == 0) and np.all(batch["next_sentence_labels"] == 0)
+    ids, weights = batch["input_ids"], batch["masked_lm_weights"]
+    np.testing.assert_array_equal(
+        batch["masked_lm_ids"][:, :-1][weights[:, :-1] > 0], ids[:, 1:][weights[:, :-1] > 0]
+    )
+    assert not np.any(ids == 4)  # nothing masked
+    with pytest.raises(DataError, match="max_predictions_per_seq"):
+        pipeline.check_data_config(_config(corpus, objective="ltr", nsp=False))
+
+
+def test_tfrecord_source(corpus, tmp_path):
+    from bertjax.data import offline
+
+    config = _config(corpus, dupe_factor=1)
+    paths = [str(tmp_path / f"r-{i}.tfrecord") for i in range(3)]
+    offline.write_tfrecords(config, paths, seed=0, shuffle_buffer=100)
+    record_config = _config(
+        corpus,
+        source="tfrecord",
+        input_files=[str(tmp_path / "*.tfrecord")],
+        eval_input_files=[str(tmp_path / "*.tfrecord")],
+    )
+    batch = _batches(record_config, 1)[0]
+    assert batch["input_ids"].shape == (8, LENGTH) and batch["input_ids"].dtype == np.int32
+    import tensorflow as tf
+
+    total = sum(1 for _ in tf.data.TFRecordDataset(paths))
+    hosts = [
+        _batches(record_config, 1000, split="eval", process_index=h, process_count=2)
+        for h in range(2)
+    ]
+    assert len(hosts[0]) == len(hosts[1])
+    assert sum(b["example_weight"].sum() for h in hosts for b in h) == total
+    with pytest.raises(DataError, match="input_ids has 64 values but data.max_seq_length=128"):
+        pipeline.check_data_config(
+            _config(
+                corpus,
+                source="tfrecord",
+                input_files=[str(tmp_path / "*.tfrecord")],
+                max_seq_length=128,
+            )
+        )
+
+
+def test_bad_inputs_give_clear_errors(corpus, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match="no documents"):
+        _batches(_config(corpus, input_files=[str(empty)]), 1)
+    with pytest.raises(DataError, match="data.input_files=.*no file matches"):
+        _batches(_config(corpus, input_files=[str(tmp_path / "missing-*.txt")]), 1)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(t for t in open(bundled.VOCAB).read().split("\n") if t != "[MASK]"))
+    with pytest.raises(DataError, match=r"data.vocab_file.*\[MASK\]"):
+        _batches(_config(corpus, vocab_file=str(vocab)), 1)
+    model = base.get_config().model
+    with pytest.raises(DataError, match="model.vocab_size=30522 but data.vocab_file"):
+        pipeline.check_data_config(_config(corpus), model)

@@ -1,0 +1,126 @@
+"""TFRecord host shares: uneven files never stop a host; shares are disjoint and cover the data."""
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bertjax.data import tfrecords
+from bertjax.data.instances import DataError
+
+LENGTH, PREDICTIONS, BATCH = 8, 2, 2
+
+
+def _write(folder, sizes):
+    """TFRecord files of ``sizes`` records; record ``r`` (numbered across files) has
+    ``input_ids[1] == r``, so every row read back names its record."""
+    paths, r = [], 0
+    for f, size in enumerate(sizes):
+        path = str(folder / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for _ in range(size):
+                features = {
+                    "input_ids": np.array([[2, r, 3, 0, 0, 0, 0, 0]]),
+                    "input_mask": np.array([[1, 1, 1, 0, 0, 0, 0, 0]]),
+                    "segment_ids": np.zeros((1, LENGTH), np.int64),
+                    "masked_lm_positions": np.array([[1, 0]]),
+                    "masked_lm_ids": np.array([[r, 0]]),
+                    "masked_lm_weights": np.array([[1.0, 0.0]]),
+                    "next_sentence_labels": np.array([r % 2]),
+                }
+                writer.write(tfrecords.serialize(features, 0))
+                r += 1
+        paths.append(path)
+    return paths, r
+
+
+def _config(paths):
+    return ml_collections.ConfigDict(
+        dict(
+            source="tfrecord",
+            input_files=paths,
+            eval_input_files=paths,
+            max_seq_length=LENGTH,
+            max_predictions_per_seq=PREDICTIONS,
+            shuffle_buffer=1,  # stream order = share order, so the test can follow records
+        )
+    )
+
+
+def _records(config, split, host, hosts, batches):
+    dataset = tfrecords.tfrecord_dataset(
+        config,
+        batch_size=BATCH,
+        seed=0,
+        process_index=host,
+        process_count=hosts,
+        split=split,
+        start_batch=0,
+    )
+    out = list(dataset.take(batches).as_numpy_iterator())
+    ids = np.concatenate([b["input_ids"][:, 1] for b in out]) if out else np.zeros(0, int)
+    weights = np.concatenate([b["example_weight"] for b in out]) if out else np.zeros(0)
+    return len(out), ids, weights
+
+
+# (records per file, hosts): 1 file / 2 hosts, 3 unequal files / 2 hosts, a host whose file
+# share is only an empty file, more hosts than files, an odd total.
+CASES = [([7], 2), ([5, 1, 9], 2), ([6, 0, 3, 0], 2), ([4, 4], 3), ([0, 5, 0], 2), ([3, 10, 1], 4)]
+
+
+@pytest.mark.parametrize("sizes,hosts", CASES)
+def test_train_shares_are_infinite_disjoint_and_cover_everything(tmp_path, sizes, hosts):
+    paths, total = _write(tmp_path, sizes)
+    seen = []
+    for host in range(hosts):
+        count, ids, _ = _records(_config(paths), "train", host, hosts, 4 * total)
+        assert count == 4 * total  # the train stream never ends, whatever the share
+        seen.append(set(ids.tolist()))
+    assert set().union(*seen) == set(range(total))
+    assert sum(len(s) for s in seen) == total  # no record on two hosts
+
+
+@pytest.mark.parametrize("sizes,hosts", CASES)
+def test_eval_shares_are_equal_length_disjoint_and_cover_everything(tmp_path, sizes, hosts):
+    paths, total = _write(tmp_path, sizes)
+    counts, real = [], []
+    for host in range(hosts):
+        count, ids, weights = _records(_config(paths), "eval", host, hosts, 1000)
+        counts.append(count)
+        real.extend(ids[weights > 0].tolist())
+    assert len(set(counts)) == 1  # every host runs the same number of eval steps
+    assert sorted(real) == list(range(total))  # each record exactly once
+
+
+def test_fewer_records_than_hosts_still_feeds_every_host(tmp_path):
+    paths, _ = _write(tmp_path, [1, 0])
+    for host in range(2):
+        count, ids, _ = _records(_config(paths), "train", host, 2, 5)
+        assert count == 5 and set(ids.tolist()) == {0}
+    counts = [_records(_config(paths), "eval", h, 2, 100)[0] for h in range(2)]
+    assert counts == [1, 1]
+
+
+def test_only_empty_files_is_a_clear_error(tmp_path):
+    paths, _ = _write(tmp_path, [0, 0])
+    with pytest.raises(DataError, match="data.input_files: no records in"):
+        tfrecords.check_tfrecords(_config(paths))
+
+
+def test_fast_serializer_writes_protobufs_bytes():
+    """``serialize_rows`` (hand-written wire format) against protobuf's own serialization."""
+    rng = np.random.default_rng(0)
+    rows = 64
+    features = {
+        "input_ids": rng.integers(0, 30522, (rows, 16)),
+        "input_mask": rng.integers(0, 2, (rows, 16)),
+        "segment_ids": rng.integers(0, 2, (rows, 16)),
+        "masked_lm_positions": rng.integers(0, 16, (rows, 3)),
+        "masked_lm_ids": rng.integers(0, 2**40, (rows, 3)),  # up to 6-byte varints
+        "masked_lm_weights": rng.random((rows, 3)).astype(np.float32),
+        "next_sentence_labels": rng.integers(0, 2, rows),
+    }
+    features["input_ids"][0, :6] = [0, 127, 128, 16383, 16384, 2**21]  # varint length edges
+    features["masked_lm_ids"][1] = 0
+    expected = [tfrecords.serialize(features, r) for r in range(rows)]
+    assert tfrecords.serialize_rows(features) == expected

@@ -1,0 +1,198 @@
+"""Sharded train step: mesh equivalence, gradient accumulation, AOT compile of LARGE, NaN policy."""
+
+import functools
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.model.heads import BertForPreTraining
+from bertjax.pretrain import inputs
+from bertjax.pretrain import step as step_lib
+from bertjax.training import optimizer
+from bertjax.training import sharding as sh
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "configs"))
+import base as base_config  # noqa: E402
+
+LENGTH, PREDICTIONS, BATCH = 16, 4, 16
+# The tests' BERT (main_test trains the same one through the CLI): 2 layers, hidden 32, MLP 64,
+# so a (2, 2, 2) mesh splits every kernel and a train step compiles in seconds.
+TINY_MODEL = dict(
+    hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=32
+)
+RNG = np.asarray(jax.random.key_data(jax.random.key(1)))
+pytestmark = [
+    pytest.mark.xdist_group("train_test"),  # one single-device reference per suite (conftest)
+    pytest.mark.usefixtures("fast_compiles"),
+]
+
+
+def tiny_config(**train_overrides):
+    config = base_config.get_config()
+    config.model.update(dict(TINY_MODEL, vocab_size=128))
+    config.data.max_seq_length = LENGTH
+    config.data.max_predictions_per_seq = PREDICTIONS
+    config.train.update(
+        dict(
+            num_steps=3,
+            global_batch_size=BATCH,
+            synthetic_data=True,
+            log_every=1,
+            eval_every=0,
+            **train_overrides,
+        )
+    )
+    # No dropout: micro-batches of gradient accumulation would draw other masks than the whole
+    # batch, and every test here compares against the same single-device reference.
+    config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.0
+    config.optimizer.update(dict(learning_rate=1e-2, warmup_steps=1))
+    return config
+
+
+def tiny_batches():
+    """Synthetic batches; every third row has only 2 of 4 masked positions, so the global MLM
+    denominator matters for gradient accumulation."""
+    for batch in inputs.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS, 0, 0):
+        batch["masked_lm_weights"][::3, 2:] = 0.0
+        yield batch
+
+
+def build_step(config, mesh, bert_config=None):
+    """What train_loop builds before its first step -> (model, tx, abstract state, shardings,
+    jitted train step) for ``config``'s shapes on ``mesh``; nothing is allocated or compiled."""
+    bert_config = bert_config or step_lib.bert_config_from(config)
+    model = BertForPreTraining(bert_config)
+    steps = step_lib.schedule_steps(config)
+    tx = optimizer.create_optimizer(config.optimizer, steps)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, steps)
+    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
+    abstract, shardings = step_lib.state_shardings(
+        model, tx, mesh, config.mesh.rules, length, predictions
+    )
+    batch = step_lib.abstract_batch(config.train.global_batch_size, length, predictions)
+    step_fn = step_lib.jit_train_step(
+        model, tx, schedule, step_lib.step_config_from(config), mesh, config.mesh.rules, shardings,
+        batch,
+    )  # fmt: skip
+    return model, tx, abstract, shardings, step_fn
+
+
+def run_steps(config, devices, mesh_shape):
+    """Trains ``config.train.num_steps`` on ``devices`` -> (losses, numpy params, state,
+    step_fn, mesh)."""
+    mesh = sh.create_mesh(mesh_shape, devices)
+    model, tx, _, shardings, step_fn = build_step(config, mesh)
+    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(0), LENGTH, PREDICTIONS)
+    batches = tiny_batches()
+    losses = []
+    for _ in range(config.train.num_steps):
+        state, metrics = step_fn(state, sh.make_global_batch(next(batches), mesh), RNG)
+        losses.append(float(metrics["loss_sum"]))
+    params = jax.tree.map(np.asarray, jax.device_get(state.params))
+    return np.array(losses), params, state, step_fn, mesh
+
+
+@functools.cache
+def single_device_reference():
+    losses, params, *_ = run_steps(tiny_config(), jax.devices()[:1], (1, 1, 1))
+    return losses, params
+
+
+def assert_same_training(losses, params):
+    ref_losses, ref_params = single_device_reference()
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params, ref_params
+    )
+    assert ref_losses[-1] < ref_losses[0]  # it trains
+
+
+# Each mesh compiles its own step, so the options ride along instead of costing a compile each:
+# skip_nonfinite must not change training, and gradient accumulation (2 micro-batches of 8 rows,
+# each split over the 8 batch shards) must give the unaccumulated batch's update.
+MESHES = {
+    (8, 1, 1): dict(skip_nonfinite=True),
+    (2, 4, 1): dict(grad_accum_steps=2),
+    (2, 2, 2): dict(),
+}
+
+
+@pytest.mark.parametrize("mesh_shape", list(MESHES))
+def test_meshes_match_single_device(mesh_shape):
+    config = tiny_config(**MESHES[mesh_shape])
+    losses, params, state, step_fn, mesh = run_steps(config, jax.devices(), mesh_shape)
+    assert_same_training(losses, params)
+    if mesh_shape == (2, 2, 2):  # weights really are split over fsdp/tensor, not replicated
+        kernel = state.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
+        assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)
+    if mesh_shape == (8, 1, 1):
+        # A NaN poisons loss and gradients: with skip_nonfinite the step must leave params and
+        # optimizer untouched.
+        batch = next(tiny_batches())
+        batch["masked_lm_weights"][0, 0] = np.nan
+        before = jax.device_get((state.params, state.opt_state))
+        state, metrics = step_fn(state, sh.make_global_batch(batch, mesh), RNG)
+        assert float(metrics["nonfinite"]) == 1.0 and not np.isfinite(float(metrics["loss_sum"]))
+        assert int(state.nonfinite_skips) == 1 and int(state.step) == 4
+        jax.tree.map(
+            np.testing.assert_array_equal, jax.device_get((state.params, state.opt_state)), before
+        )
+
+
+def test_large_config_train_step_compiles_on_a_fake_mesh():
+    """AOT: shapes only, no params allocated; scan + remat + bf16 on an FSDP x tensor mesh."""
+    import large  # noqa: PLC0415
+
+    config = large.get_config()
+    bert_config = step_lib.bert_config_from(config).replace(
+        scan_layers=True, remat_policy="dots", dtype="bfloat16"
+    )
+    mesh = sh.create_mesh((2, 2, 2))
+    *_, abstract, _, step_fn = build_step(config, mesh, bert_config)
+    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
+    batch = step_lib.abstract_batch(config.train.global_batch_size, length, predictions)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    compiled = step_fn.lower(abstract, batch, rng).compile()
+    assert compiled is not None
+    params = abstract.params["encoder"]["layers"]["layer"]["intermediate"]["kernel"]
+    assert params.shape == (24, 1024, 4096)  # BERT-LARGE, stacked for scan
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("train.global_batch_size", 12, "not divisible by 8 data shards"),
+        ("data.max_seq_length", 64, "exceeds config.model.max_position_embeddings=32"),
+        ("train.grad_accum_steps", 3, "not divisible by config.train.grad_accum_steps=3"),
+    ],
+)
+def test_config_errors_before_compiling(field, value, message):
+    config = tiny_config()
+    section, key = field.split(".")
+    config[section][key] = value
+    mesh = sh.create_mesh((8, 1, 1))
+    with pytest.raises(ValueError, match=message):
+        inputs.check_config(config, step_lib.bert_config_from(config), mesh, 1)
+
+
+def test_batch_shape_mismatch_is_reported():
+    config = tiny_config()
+    batch = next(inputs.synthetic_batches(128, BATCH, LENGTH, PREDICTIONS + 1, 0, 0))
+    with pytest.raises(ValueError, match="masked_lm_positions has shape"):
+        inputs.check_batch(batch, config, BATCH)
+
+
+def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
+    # The step's batch keys are the original run_pretraining.py feature names (the batch
+    # contract), taken from the data pipeline without making the step's module import TensorFlow.
+    original = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
+                "masked_lm_weights", "next_sentence_labels")  # fmt: skip
+    assert step_lib.BATCH_KEYS == original
+    script = "import sys, bertjax.pretrain.step; print('tensorflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
