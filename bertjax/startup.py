@@ -59,18 +59,23 @@ def import_tensorflow():
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    return filtered_stderr(_TENSORFLOW_NOISE, importlib.import_module, "tensorflow")
+
+
+def filtered_stderr(noise: re.Pattern, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the lines matching ``noise`` that native code writes to
+    stderr (file descriptor 2) dropped; every other line is passed through afterwards."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            module = importlib.import_module("tensorflow")
+            return fn(*args, **kwargs)
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-        captured.seek(0)
-        lines = captured.read().decode("utf-8", errors="replace").splitlines()
-    kept = [line for line in lines if not _TENSORFLOW_NOISE.search(line)]
-    if kept:
-        print("\n".join(kept), file=sys.stderr, flush=True)
-    return module
+            captured.seek(0)
+            lines = captured.read().decode("utf-8", errors="replace").splitlines()
+            kept = [line for line in lines if not noise.search(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)

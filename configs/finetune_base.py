@@ -34,6 +34,7 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.model.dtype = "float32"
     config.model.scan_layers = False
     config.model.remat_policy = "none"
+    config.model.attention_impl = "auto"  # auto | xla | fused (see configs/base.py)
 
     config.max_seq_length = 128
     config.batch_size = 32  # global train batch (paper: 32)

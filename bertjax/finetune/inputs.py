@@ -28,6 +28,7 @@ _MODEL_OVERRIDES = (
     "dtype",
     "scan_layers",
     "remat_policy",
+    "attention_impl",
 )
 
 

@@ -14,7 +14,6 @@ state.step)``; metrics are sums divided on the host.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import flax
@@ -103,20 +102,6 @@ def train_step(state, batch, rng, *, head: str, apply_fn, tx):
     return state, {"loss_sum": loss_sum, "weight_sum": weight_sum}
 
 
-def _check_divisible(abstract_params, shardings, mesh) -> None:
-    """Fails early, with the numbers, when a mesh axis does not divide the dimension it splits."""
-    flat = jax.tree_util.tree_leaves_with_path(abstract_params)
-    for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
-        for size, axes in zip(leaf.shape, sharding.spec, strict=False):
-            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-            shards = math.prod(mesh.shape[a] for a in axes)
-            if size % shards:
-                raise FinetuneInputError(
-                    f"config.mesh: parameter {jax.tree_util.keystr(path)} {leaf.shape} has a "
-                    f"dimension of {size}, not divisible by the {shards} shards of mesh axes {axes}"
-                )
-
-
 class Runner:
     """The mesh, the state/batch shardings and the jitted steps for one (task, model) pair.
 
@@ -140,7 +125,7 @@ class Runner:
         self._logits = None
 
     def _call(self, fn, *args):
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        with sh.tracing_on(self.mesh, self.rules):
             return fn(*args)
 
     def param_shardings(self, example: dict):
@@ -151,7 +136,7 @@ class Runner:
             ]
             specs = nn.get_partition_spec(boxed)
             shardings = sh.logical_to_sharding(specs, self.mesh, self.rules)
-            _check_divisible(nn.unbox(boxed), shardings, self.mesh)
+            sh.check_divisible(nn.unbox(boxed), shardings, self.mesh)
             self._params = (nn.unbox(boxed), specs, shardings)
         return self._params[2]
 

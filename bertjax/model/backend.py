@@ -1,8 +1,16 @@
-"""What the model does differently for XLA's backends, in one place.
+"""What the model does differently per platform (CPU, GPU, TPU), in one place.
 
 The math never changes: every choice here computes the same function and is tested to agree
-with the plain form (tests/model/backend_test.py). Only the shape of the HLO XLA receives does.
+with the plain form (tests/model/). Only which kernels run and the shape of the HLO do. The
+platform is the one the step is compiled for: :func:`target` sets it around tracing (the step
+builders do, from their mesh's devices, so ``python -m bertjax.compile`` on a CPU host traces the
+TPU forms); without it, JAX's default backend.
 
+* :func:`attention_kernel`: which attention ``config.model.attention_impl`` runs. ``'auto'``: the
+  Pallas flash kernel on TPU (``flash_tpu``); cuDNN's fused attention on GPU when the call has no
+  dropout (eval, or a rate of 0) and the dtype is 16-bit, else XLA; XLA on CPU. ``'fused'``: the
+  Pallas kernel on TPU and CPU (interpret mode: for tests), cuDNN on GPU (no dropout there:
+  cuDNN cannot apply the counter-hash mask). ``'xla'``: XLA everywhere.
 * :func:`dense_dot`: on CPU a projection runs as one 2-D GEMM over reshaped operands
   (``[tokens, in] x [in, out]``); XLA:CPU ran BERT's steps with 6-16% less CPU time that way than
   as a ``dot_general`` on the multi-dimensional ``[B, L, N, D]`` / ``[H, N, D]`` forms (the step
@@ -14,15 +22,53 @@ with the plain form (tests/model/backend_test.py). Only the shape of the HLO XLA
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
 
+_TARGET = threading.local()
+
+
+@contextlib.contextmanager
+def target(platform: str):
+    """Traces inside this context build the model for ``platform`` ('cpu', 'gpu' or 'tpu')."""
+    previous = getattr(_TARGET, "platform", None)
+    _TARGET.platform = platform
+    try:
+        yield
+    finally:
+        _TARGET.platform = previous
+
+
+def platform() -> str:
+    """The platform being traced for: :func:`target`'s, else JAX's default backend."""
+    return getattr(_TARGET, "platform", None) or jax.default_backend()
+
+
+def attention_kernel(impl: str, *, dropout: bool, dtype) -> str:
+    """'xla' | 'flash_tpu' | 'cudnn' for ``impl`` 'auto' | 'xla' | 'fused' (module doc)."""
+    where = platform()
+    if impl == "xla" or (impl == "auto" and where == "cpu"):
+        return "xla"
+    if where != "gpu":
+        return "flash_tpu"
+    if not dropout and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+        return "cudnn"
+    if impl == "auto":
+        return "xla"
+    raise ValueError(
+        f"attention_impl='fused' on GPU is cuDNN's fused attention, which takes float16/bfloat16 "
+        f"and has no attention dropout (this call: dtype {jnp.dtype(dtype).name}, dropout "
+        f"{'on' if dropout else 'off'}); use attention_impl='auto' (XLA where cuDNN cannot run)"
+    )
+
 
 def flat_dense_dots() -> bool:
     """Whether projections run as 2-D GEMMs over reshaped operands (on CPU; see module doc)."""
-    return jax.default_backend() == "cpu"
+    return platform() == "cpu"
 
 
 def dense_dot(x: jax.Array, kernel: jax.Array, contract_dims: int) -> jax.Array:

@@ -2,8 +2,8 @@
 
 The model only ever sees a frozen ``BertConfig``, never the run config. Architecture fields
 (sizes, activation, dropout rates) travel with checkpoints as ``bert_config.json``; runtime fields
-(``dtype``, ``param_dtype``, ``scan_layers``, ``remat_policy``, ``gather_last_layer``) change speed
-or memory, never the function computed.
+(``dtype``, ``param_dtype``, ``scan_layers``, ``remat_policy``, ``attention_impl``,
+``gather_last_layer``) change speed or memory, never the function computed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
 ATTENTION_KINDS = ("bidirectional", "causal")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("auto", "xla", "fused")
 # Fields older bertjax versions wrote into bert_config.json; ignored when read.
 RETIRED_FIELDS = frozenset({"matmul"})
 
@@ -42,6 +43,9 @@ class BertConfig:
     attention: str = "bidirectional"  # 'causal' for the paper's left-to-right ablation
     scan_layers: bool = False
     remat_policy: str = "none"
+    # Which attention runs: 'auto' (the Pallas flash kernel on TPU, cuDNN on GPU without
+    # dropout, else XLA), 'xla' or 'fused'; the same function either way (bertjax.model.backend).
+    attention_impl: str = "auto"
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
     # positions its heads read ([CLS] and the masked positions; K/V still see every position):
     # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less. A runtime choice
@@ -80,6 +84,7 @@ class BertConfig:
         check(self.hidden_act in ACTIVATIONS, "hidden_act", f"one of {ACTIVATIONS}")
         check(self.attention in ATTENTION_KINDS, "attention", f"one of {ATTENTION_KINDS}")
         check(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}")
+        check(self.attention_impl in ATTENTION_IMPLS, "attention_impl", f"one of {ATTENTION_IMPLS}")
         check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
         check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
@@ -114,8 +119,8 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     def portable(self) -> BertConfig:
-        """The form written beside weights: the unscanned layout (readers pick theirs)."""
-        return self.replace(scan_layers=False)
+        """The form written beside weights: unscanned, runtime choices at their defaults."""
+        return self.replace(scan_layers=False, remat_policy="none", attention_impl="auto")
 
 
 # Model sizes. "base"/"large" are the paper's BERT-BASE and BERT-LARGE; "L{l}_H{h}_A{a}" are the

@@ -181,6 +181,7 @@ class SelfAttention(nn.Module):
             query_positions=query_positions,
             dropout_rate=cfg.attention_dropout_rate,
             dropout_seed=seed,
+            impl=cfg.attention_impl,
         )
         context = nn.with_logical_constraint(
             context, (sh.ACT_BATCH, length_axis, sh.ACT_HEADS, None)

@@ -37,11 +37,10 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax.model.heads import BertForPreTraining
 from bertjax.pretrain import inputs
 from bertjax.pretrain import step as step_lib
 from bertjax.pretrain.step import BATCH_KEYS
-from bertjax.training import accelerators, checkpoint, optimizer
+from bertjax.training import accelerators, checkpoint
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
 
@@ -93,27 +92,6 @@ def _restore_or_init(config, manager, model, tx, abstract, shardings, length, pr
     return state, np.asarray(jax.random.key_data(train_rng)), None
 
 
-def _jit_steps(config, model, tx, mesh, shardings):
-    """(train step, eval step), each jitted once for the config's global batch shapes."""
-    length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
-    schedule = optimizer.learning_rate_schedule(config.optimizer, step_lib.schedule_steps(config))
-    step_fn = step_lib.jit_train_step(
-        model,
-        tx,
-        schedule,
-        step_lib.step_config_from(config),
-        mesh,
-        config.mesh.rules,
-        shardings,
-        step_lib.abstract_batch(int(config.train.global_batch_size), length, predictions),
-    )
-    eval_batch = step_lib.abstract_batch(
-        int(config.train.eval_batch_size), length, predictions, eval=True
-    )
-    eval_fn = step_lib.jit_eval_step(model, mesh, config.mesh.rules, shardings.params, eval_batch)
-    return step_fn, eval_fn
-
-
 def _evaluate(config, bert_config, eval_fn, params) -> dict:
     acc = metrics_lib.Accumulator()
     per_host = int(config.train.eval_batch_size) // jax.process_count()
@@ -136,11 +114,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     inputs.check_config(config, bert_config, mesh, jax.process_count())
     inputs.check_data(config, bert_config)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
-    model = BertForPreTraining(bert_config)
-    tx = optimizer.create_optimizer(config.optimizer, step_lib.schedule_steps(config))
-    abstract, shardings = step_lib.state_shardings(
-        model, tx, mesh, config.mesh.rules, length, predictions
-    )
+    steps = step_lib.build_steps(config, mesh)
+    model, tx = steps.model, steps.tx
+    abstract, shardings = steps.abstract_state, steps.state_shardings
     if jax.process_index() == 0 and not config.train.synthetic_data:
         checkpoint.write_workdir_info(
             workdir,
@@ -160,7 +136,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     # Data offset: the step at which the current stream started (0 unless the data changed).
     same_stream = meta and meta["data_signature"] == signature
     offset = start_step - meta["data_position"] if same_stream else start_step
-    step_fn, eval_fn = _jit_steps(config, model, tx, mesh, shardings)
+    step_fn, eval_fn = steps.train_step, steps.eval_step
     rng = sh.put_global(rng_data, NamedSharding(mesh, PartitionSpec()))
     batches = inputs.host_batches(
         config,

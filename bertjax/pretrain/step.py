@@ -36,6 +36,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from bertjax.data import pipeline
 from bertjax.model import losses
 from bertjax.model.config import BertConfig
+from bertjax.model.heads import BertForPreTraining
+from bertjax.training import optimizer
 from bertjax.training import sharding as sh
 
 # The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
@@ -259,16 +261,55 @@ def jit_eval_step(model, mesh, rules, param_shardings, batch_spec):
     return _with_rules(jitted, mesh, rules)
 
 
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """Everything ``bertjax.main`` compiles for a config on a mesh, built without allocating:
+    the loop runs it, ``python -m bertjax.compile`` lowers it for a TPU topology."""
+
+    bert_config: BertConfig
+    model: nn.Module
+    tx: Any
+    mesh: Mesh
+    abstract_state: TrainState  # of jax.ShapeDtypeStruct
+    state_shardings: TrainState  # of NamedSharding
+    train_step: Any  # jitted, called and lowered inside the mesh's tracing context
+    eval_step: Any
+    train_batch: dict  # abstract global batches (jax.ShapeDtypeStruct)
+    eval_batch: dict
+
+
+def build_steps(config, mesh: Mesh) -> Steps:
+    """The model, optimizer, abstract state with its shardings, and the train and eval steps
+    jitted once for ``config``'s global batch shapes on ``mesh``. Nothing is allocated."""
+    bert_config = bert_config_from(config)
+    length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
+    model = BertForPreTraining(bert_config)
+    tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))
+    schedule = optimizer.learning_rate_schedule(config.optimizer, schedule_steps(config))
+    abstract, shardings = state_shardings(model, tx, mesh, config.mesh.rules, length, predictions)
+    sh.check_divisible(abstract.params, shardings.params, mesh)
+    train_batch = abstract_batch(int(config.train.global_batch_size), length, predictions)
+    eval_batch = abstract_batch(int(config.train.eval_batch_size), length, predictions, eval=True)
+    rules = config.mesh.rules
+    train = jit_train_step(
+        model, tx, schedule, step_config_from(config), mesh, rules, shardings, train_batch
+    )
+    evaluate = jit_eval_step(model, mesh, rules, shardings.params, eval_batch)
+    return Steps(
+        bert_config, model, tx, mesh, abstract, shardings, train, evaluate, train_batch, eval_batch
+    )
+
+
 class _with_rules:  # noqa: N801 - used like a decorator function
-    """Calls / lowers a jitted function inside the mesh and logical-axis-rules contexts."""
+    """Calls / lowers a jitted function inside ``sharding.tracing_on(mesh, rules)``."""
 
     def __init__(self, jitted, mesh, rules):
         self.jitted, self.mesh, self.rules = jitted, mesh, sh.normalize_rules(rules)
 
     def __call__(self, *args):
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        with sh.tracing_on(self.mesh, self.rules):
             return self.jitted(*args)
 
     def lower(self, *args):
-        with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+        with sh.tracing_on(self.mesh, self.rules):
             return self.jitted.lower(*args)

@@ -15,6 +15,7 @@ Contract (written once here and in ``bertjax.model.axes``, tested in
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
@@ -25,6 +26,7 @@ from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.model import backend
 from bertjax.model.axes import (
     ACT_BATCH,
     ACT_EMBED,
@@ -145,6 +147,23 @@ def optimizer_state_specs(tx, abstract_params, param_specs):
     return abstract_opt, specs
 
 
+def check_divisible(abstract_params, shardings, mesh: Mesh) -> None:
+    """Raises ValueError, with the numbers, when a mesh axis does not divide the parameter
+    dimension it splits (e.g. a vocab of 30522 over tensor=4): before anything is compiled."""
+    flat = jax.tree_util.tree_leaves_with_path(abstract_params)
+    for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
+        for size, axes in zip(leaf.shape, sharding.spec, strict=False):
+            axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            shards = math.prod(mesh.shape[a] for a in axes)
+            if size % shards:
+                raise ValueError(
+                    f"config.mesh: parameter {jax.tree_util.keystr(path)} {leaf.shape} has a "
+                    f"dimension of {size}, not divisible by the {shards} shards of mesh axes "
+                    f"{axes} (config.mesh.shape={tuple(mesh.shape.values())}; pad the vocab "
+                    "or change config.mesh.rules)"
+                )
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """Sharding of a host batch array: leading dim over the batch mesh axes, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_MESH_AXES, *([None] * (ndim - 1))))
@@ -167,3 +186,17 @@ def make_global_batch(host_batch: dict, mesh: Mesh) -> dict:
         k: jax.make_array_from_process_local_data(batch_sharding(mesh, np.ndim(v)), np.asarray(v))
         for k, v in host_batch.items()
     }
+
+
+@contextlib.contextmanager
+def tracing_on(mesh: Mesh, rules):
+    """What a step is traced and run inside: the mesh, the logical-axis rules, and the mesh's
+    platform as the model's target (``bertjax.model.backend.target``: a TPU mesh traces the TPU
+    forms even on a CPU host, as ``python -m bertjax.compile`` does)."""
+    platform = mesh.devices.flat[0].platform
+    with (
+        jax.set_mesh(mesh),
+        nn.logical_axis_rules(normalize_rules(rules)),
+        backend.target(platform),
+    ):
+        yield

@@ -196,3 +196,23 @@ def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
     script = "import sys, bertjax.pretrain.step; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_fused_attention_step_equals_xla_step_with_dropout():
+    """The whole sharded BERT step with attention_impl='fused' (the Pallas flash kernel, in
+    interpret mode on CPU) equals it with 'xla', the paper's attention dropout on: the kernel
+    draws the same counter-hash mask from global positions on every (batch, heads) shard."""
+    results = {}
+    for impl in ("xla", "fused"):
+        config = tiny_config()
+        config.train.num_steps = 2
+        config.model.attention_dropout_rate = config.model.hidden_dropout_rate = 0.1
+        config.model.attention_impl = impl
+        losses, params, *_ = run_steps(config, jax.devices(), (2, 2, 2))
+        results[impl] = losses, params
+    np.testing.assert_allclose(results["fused"][0], results["xla"][0], rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+        results["fused"][1],
+        results["xla"][1],
+    )

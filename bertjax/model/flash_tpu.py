@@ -1,0 +1,206 @@
+"""Flash attention as Pallas TPU kernels, with the counter-hash attention dropout.
+
+Computes exactly ``bertjax.model.attention``'s XLA path (see its docstring for the function),
+dropout included: an online softmax over key blocks that keeps only the context and two float32
+stats per query row in HBM (never a [B, N, Q, L] array), and a ``custom_vjp`` whose dq and dk/dv
+kernels (``flash_tpu_kernels.py``, wired in ``flash_tpu_calls.py``) recompute the probabilities
+and the dropout mask tile by tile from global (b, n, q, k) indices. :func:`flash_attention` pads
+to whole blocks, and under a mesh runs the kernel per shard with ``shard_map`` (batch and heads
+only; the sequence axis is never split).
+
+On CPU the kernels run in Pallas interpret mode (the tests compare them with the XLA path there);
+the real TPU compiler compiles them on any machine with libtpu (``python -m bertjax.compile``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from bertjax.model import backend
+from bertjax.model import flash_tpu_calls as calls
+from bertjax.model import flash_tpu_kernels as kernels
+
+# Default tiles, clipped to the 128-padded lengths. bk = 512 holds a whole BERT-512 key row, so
+# the online softmax takes one step (no rescaling) and K/V blocks are fetched once per query
+# block; bq = 256 keeps a [256, 512] float32 score tile at 512 KiB, so the ~6 live tiles of the
+# dk/dv kernel (scores, probabilities, mask, dP, dS) fit the 16 MiB default scoped VMEM of
+# v4/v5e with room for double-buffered inputs, while still giving B * N/2 * 2 parallel steps.
+# Both are multiples of 128: rows are lanes in the stats arrays, and the MXU is 128 wide.
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
+_LANES = 128
+
+
+def flash_attention(
+    query, key, value, key_mask, *, mesh=None, batch_axes=(), head_axes=(), **kwargs
+):
+    """The fused kernel; shapes, dtypes and ``kwargs`` as ``bertjax.model.attention.attention``.
+
+    With a ``mesh`` (concrete or abstract) the batch is split over mesh axes ``batch_axes`` and
+    the heads over ``head_axes`` (sequences of mesh axis names, from the logical axis rules; may
+    be empty): the kernel runs per shard under ``shard_map`` with the shard's global batch and
+    head offsets (``axis_index``), so its dropout mask is the unsharded array's. ``kwargs``:
+    ``causal, query_positions, dropout_rate, dropout_seed`` and optionally ``block_q, block_k,
+    interpret``.
+    """
+    batch, num_queries, num_heads, _ = query.shape
+    if mesh is None:
+        return _fused_attention(
+            query, key, value, key_mask, kwargs.pop("query_positions"), kwargs.pop("dropout_seed"),
+            jnp.zeros(2, jnp.int32), total_heads=num_heads, total_queries=num_queries, **kwargs,
+        )  # fmt: skip
+    query_positions, seed = kwargs.pop("query_positions"), kwargs.pop("dropout_seed")
+    if query_positions is None:  # what None means, made explicit: shard_map needs arrays
+        query_positions = jnp.broadcast_to(
+            jnp.arange(num_queries, dtype=jnp.int32), (batch, num_queries)
+        )
+    if seed is None:
+        seed, kwargs["dropout_rate"] = jnp.zeros(2, jnp.uint32), 0.0
+
+    def shard(q, k, v, mask, positions, seed):
+        batch_index = jax.lax.axis_index(batch_axes) if batch_axes else 0
+        head_index = jax.lax.axis_index(head_axes) if head_axes else 0
+        offsets = jnp.stack([batch_index * q.shape[0], head_index * q.shape[2]])
+        return _fused_attention(
+            q, k, v, mask, positions, seed, offsets.astype(jnp.int32),
+            total_heads=num_heads, total_queries=num_queries, **kwargs,
+        )  # fmt: skip
+
+    batch_spec, head_spec = batch_axes or None, head_axes or None
+    qkv_spec, row_spec = P(batch_spec, None, head_spec, None), P(batch_spec, None)
+    return jax.shard_map(
+        shard,
+        mesh=mesh,
+        in_specs=(qkv_spec, qkv_spec, qkv_spec, row_spec, row_spec, P()),
+        out_specs=qkv_spec,
+        check_vma=False,  # pallas_call carries no varying-axes types
+    )(query, key, value, key_mask, query_positions, seed)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _default_block(length: int, limit: int) -> int:
+    """The largest multiple of 128 up to ``limit`` dividing the 128-padded length: no padding
+    beyond the next 128 (L = 384 gives 128-row query blocks, not 256 and a third wasted)."""
+    padded = _round_up(length, _LANES)
+    return max(b for b in range(_LANES, min(limit, padded) + 1, _LANES) if padded % b == 0)
+
+
+def _heads_per_block(num_heads: int, head_dim: int) -> int:
+    """Fewest heads whose lanes fill whole 128-lane tiles (all heads if none do)."""
+    for heads in range(1, num_heads + 1):
+        if num_heads % heads == 0 and heads * head_dim % _LANES == 0:
+            return heads
+    return num_heads
+
+
+def _make_plan(
+    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=None, **totals
+):
+    batch, num_queries, num_heads, head_dim = query.shape
+    length = key.shape[1]
+    block_q = block_q or _default_block(num_queries, DEFAULT_BLOCK_Q)
+    block_k = block_k or _default_block(length, DEFAULT_BLOCK_K)
+    if block_q % _LANES or block_k % _LANES:
+        raise ValueError(f"block_q={block_q} and block_k={block_k} must be multiples of 128")
+    return kernels.Plan(
+        batch=batch,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        heads_per_block=_heads_per_block(num_heads, head_dim),
+        block_q=block_q,
+        block_k=block_k,
+        padded_queries=_round_up(num_queries, block_q),
+        padded_keys=_round_up(length, block_k),
+        causal=causal,
+        dropout_rate=float(dropout_rate),
+        interpret=backend.platform() != "tpu" if interpret is None else interpret,
+        **totals,
+    )
+
+
+def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets, **options):
+    """Pads to whole blocks, runs the kernels, drops the padding. ``offsets`` <int32>[2]: the
+    shard's first global example and head. Shapes as :func:`attention`."""
+    if seed is None:
+        options["dropout_rate"] = 0.0
+    plan = _make_plan(query, key, **options)
+    batch, num_queries, num_heads, head_dim = query.shape
+    length = key.shape[1]
+
+    def flat(x, padded):  # [B, T, N, D] -> zero-padded [B, padded, N * D]: free reshape
+        x = x.reshape(batch, x.shape[1], num_heads * head_dim)
+        return jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0)))
+
+    code = jnp.pad(  # 1 real, 0 masked, -1 padding key
+        (key_mask != 0).astype(jnp.int32),
+        ((0, 0), (0, plan.padded_keys - length)),
+        constant_values=-1,
+    )
+    if query_positions is None:
+        query_positions = jnp.broadcast_to(jnp.arange(num_queries), (batch, num_queries))
+    positions = jnp.pad(
+        query_positions.astype(jnp.int32), ((0, 0), (0, plan.padded_queries - num_queries))
+    )
+    needed = _blocks_needed(plan, code, positions, num_queries)
+    if not plan.dropout:
+        seed = jnp.zeros(2, jnp.uint32)
+    seed = jax.lax.bitcast_convert_type(seed.astype(jnp.uint32), jnp.int32)
+    params = jnp.concatenate([seed, offsets.astype(jnp.int32)])
+    aux = (code, positions, needed, params)
+    q = flat(query, plan.padded_queries)
+    context = _flash(plan, q, flat(key, plan.padded_keys), flat(value, plan.padded_keys), aux)
+    return context[:, :num_queries].reshape(batch, num_queries, num_heads, head_dim)
+
+
+def _blocks_needed(plan, code, positions, num_queries) -> jax.Array:
+    """<int32>[B * nq]: leading key blocks each query block must visit.
+
+    A row with an allowed key gets exactly 0 from every key after its last allowed one (its
+    max is a real logit, so exp(-1e9 + ...) underflows); a row with none is uniform over all
+    keys and needs every block. Padding rows need only block 0 (they are dropped).
+    """
+    real = jnp.where(code == 1, jnp.arange(plan.padded_keys), -1)  # [B, Lp]
+    if plan.causal:  # last real key at or before each position
+        last_real_upto = jax.lax.cummax(real, axis=1)
+        clipped = jnp.clip(positions, 0, plan.padded_keys - 1)
+        last_allowed = jnp.take_along_axis(last_real_upto, clipped, axis=1)
+        last_allowed = jnp.where(positions < 0, -1, last_allowed)
+    else:
+        last_allowed = jnp.broadcast_to(real.max(axis=1, keepdims=True), positions.shape)
+    blocks = jnp.where(last_allowed < 0, plan.num_k_blocks, last_allowed // plan.block_k + 1)
+    blocks = jnp.where(jnp.arange(plan.padded_queries) < num_queries, blocks, 1)
+    return blocks.reshape(plan.batch * plan.num_q_blocks, plan.block_q).max(axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(plan, q, k, v, aux):
+    """<dtype>[B, Qp, N*D] queries, [B, Lp, N*D] keys and values -> [B, Qp, N*D] context."""
+    return calls.forward_call(plan, q, k, v, aux)[0]
+
+
+def _flash_fwd(plan, q, k, v, aux):
+    context, stats = calls.forward_call(plan, q, k, v, aux)
+    return context, (q, k, v, aux, context, stats)
+
+
+def _flash_bwd(plan, residuals, d_context):
+    q, k, v, aux, context, stats = residuals
+    products = d_context.astype(jnp.float32) * context.astype(jnp.float32)
+    di = products.reshape(*products.shape[:2], plan.num_heads, plan.head_dim).sum(-1)
+    # [B, N, 3, Qp] rows (max, 1 / sum, rowsum(dO * O)): what P and dS need per query row.
+    backward_stats = jnp.stack(
+        [stats[:, :, 0], 1.0 / stats[:, :, 1], jnp.transpose(di, (0, 2, 1))], axis=2
+    )
+    dq = calls.dq_call(plan, q, k, v, d_context, backward_stats, aux)
+    dk, dv = calls.dkv_call(plan, q, k, v, d_context, backward_stats, aux)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)

@@ -1,0 +1,194 @@
+"""pallas_call wiring of the fused-attention kernels: grids, BlockSpecs, scratch, costs.
+
+Grids are (B, N / heads_per_block, major, minor), the last axis accumulating ("arbitrary"):
+key blocks for the forward and dq kernels, query blocks for dk/dv. Every operand's block is
+chosen by an index map over the grid indices and the scalar-prefetched ``needed`` table (see
+flash_tpu_kernels.py), so skipped tiles re-map to a block already in VMEM and cost no DMA.
+Row stats travel as <float32>[B, N, S, Qp] with query rows along lanes: a few bytes per row in
+HBM instead of a lane-replicated [.., Qp, 128].
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from bertjax.model.flash_tpu_kernels import Plan, dkv_kernel, dq_kernel, forward_kernel
+
+_LANES = 128
+
+
+def _query_major_specs(plan: Plan, num_stats: int) -> dict[str, pl.BlockSpec]:
+    """BlockSpecs for grid (b, h, qi, kj). Skipped key steps re-map to the last visited block,
+    which is already in VMEM, so they cost no DMA."""
+    bq, bk, width, nq = plan.block_q, plan.block_k, plan.width, plan.num_q_blocks
+
+    def kj_visited(b, qi, kj, needed):
+        return jnp.minimum(kj, needed[b * nq + qi] - 1)
+
+    return {
+        "q": pl.BlockSpec((1, bq, width), lambda b, h, qi, kj, *_: (b, qi, h)),
+        "kv": pl.BlockSpec(
+            (1, bk, width), lambda b, h, qi, kj, needed, _: (b, kj_visited(b, qi, kj, needed), h)
+        ),
+        "stats": pl.BlockSpec(
+            (1, plan.heads_per_block, num_stats, bq), lambda b, h, qi, kj, *_: (b, h, 0, qi)
+        ),
+        "code": pl.BlockSpec(
+            (1, 1, bk), lambda b, h, qi, kj, needed, _: (b, 0, kj_visited(b, qi, kj, needed))
+        ),
+        "positions": pl.BlockSpec((1, bq, 1), lambda b, h, qi, kj, *_: (b, qi, 0)),
+    }
+
+
+def _key_major_specs(plan: Plan) -> dict[str, pl.BlockSpec]:
+    """BlockSpecs for grid (b, h, kj, qi); skipped query steps re-map to query block 0."""
+    bq, bk, width, nq = plan.block_q, plan.block_k, plan.width, plan.num_q_blocks
+
+    def qi_visited(b, kj, qi, needed):
+        return jnp.where(kj < needed[b * nq + qi], qi, 0)
+
+    def q_side(block_shape, pick):
+        return pl.BlockSpec(
+            block_shape, lambda b, h, kj, qi, needed, _: pick(b, h, qi_visited(b, kj, qi, needed))
+        )
+
+    return {
+        "q": q_side((1, bq, width), lambda b, h, qi: (b, qi, h)),
+        "kv": pl.BlockSpec((1, bk, width), lambda b, h, kj, qi, *_: (b, kj, h)),
+        "stats": q_side((1, plan.heads_per_block, 3, bq), lambda b, h, qi: (b, h, 0, qi)),
+        "code": pl.BlockSpec((1, bk, 1), lambda b, h, kj, qi, *_: (b, kj, 0)),
+        "positions": q_side((1, 1, bq), lambda b, h, qi: (b, 0, qi)),
+    }
+
+
+def _pallas(plan: Plan, kernel, grid, in_specs, out_specs, out_shape, scratch, cost):
+    return pl.pallas_call(
+        functools.partial(kernel, plan=plan),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,  # needed, params
+            grid=grid,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            scratch_shapes=scratch,
+        ),
+        out_shape=out_shape,
+        # The last grid axis accumulates (online softmax, dq, dk/dv); the others are
+        # independent, so megacore chips may split them.
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        ),
+        cost_estimate=cost,
+        interpret=plan.interpret,
+    )
+
+
+def _cost(plan: Plan, matmuls: int, exps: int, resident, streamed, restreams: int):
+    """Honest cost for XLA's scheduler and cost analysis: ``resident`` arrays are read or
+    written once, ``streamed`` ones once per block of the other sequence (when it has >1)."""
+    pairs = plan.batch * plan.num_heads * plan.padded_queries * plan.padded_keys
+    nbytes = lambda arrays: sum(math.prod(x.shape) * x.dtype.itemsize for x in arrays)
+    return pl.CostEstimate(
+        flops=2 * matmuls * pairs * plan.head_dim,
+        transcendentals=exps * pairs,
+        bytes_accessed=nbytes(resident) + nbytes(streamed) * max(restreams, 1),
+    )
+
+
+def _mask_operands(plan: Plan, specs, code, positions, key_major: bool):
+    """Key codes <int32>[B, Lp] and positions [B, Qp] as columns or rows, with their specs:
+    keys are lanes in query-major tiles and sublanes in key-major ones."""
+    if key_major:
+        code, positions = code[:, :, None], positions[:, None, :]
+    else:
+        code, positions = code[:, None, :], positions[:, :, None]
+    if plan.causal:
+        return [code, positions], [specs["code"], specs["positions"]]
+    return [code], [specs["code"]]
+
+
+def forward_call(plan: Plan, q, k, v, aux):
+    """-> context <dtype>[B, Qp, N*D], stats <float32>[B, N, 2, Qp] (row max, row sum)."""
+    code, positions, needed, params = aux
+    specs = _query_major_specs(plan, num_stats=2)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=False)
+    stats = jax.ShapeDtypeStruct((q.shape[0], plan.num_heads, 2, q.shape[1]), jnp.float32)
+    hb = plan.heads_per_block
+    call = _pallas(
+        plan,
+        forward_kernel,
+        grid=(plan.batch, plan.num_heads // hb, plan.num_q_blocks, plan.num_k_blocks),
+        in_specs=[specs["q"], specs["kv"], specs["kv"], *mask_specs],
+        out_specs=[specs["q"], specs["stats"]],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), stats],
+        scratch=[
+            pltpu.VMEM((hb, plan.block_q, _LANES), jnp.float32),  # running row max
+            pltpu.VMEM((hb, plan.block_q, _LANES), jnp.float32),  # running row sum
+            pltpu.VMEM((plan.block_q, plan.width), jnp.float32),  # context accumulator
+        ],
+        cost=_cost(plan, 2, 1, [q, q, stats], [k, v], plan.num_q_blocks * (plan.num_k_blocks > 1)),
+    )
+    return call(needed, params, q, k, v, *masks)
+
+
+def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
+    """-> dq <dtype>[B, Qp, N*D]; ``stats`` <float32>[B, N, 3, Qp] (max, 1 / sum, di)."""
+    code, positions, needed, params = aux
+    specs = _query_major_specs(plan, num_stats=3)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=False)
+    hb = plan.heads_per_block
+    call = _pallas(
+        plan,
+        dq_kernel,
+        grid=(plan.batch, plan.num_heads // hb, plan.num_q_blocks, plan.num_k_blocks),
+        in_specs=[specs["q"], specs["kv"], specs["kv"], specs["q"], specs["stats"], *mask_specs],
+        out_specs=specs["q"],
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch=[
+            pltpu.VMEM((3 * hb, plan.block_q, _LANES), jnp.float32),  # stats as columns
+            pltpu.VMEM((plan.block_q, plan.width), jnp.float32),  # dq accumulator
+        ],
+        cost=_cost(
+            plan,
+            3,
+            1,
+            [q, q, d_context, stats],
+            [k, v],
+            plan.num_q_blocks * (plan.num_k_blocks > 1),
+        ),  # fmt: skip
+    )
+    return call(needed, params, q, k, v, d_context, stats, *masks)
+
+
+def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
+    """-> dk, dv <dtype>[B, Lp, N*D]."""
+    code, positions, needed, params = aux
+    specs = _key_major_specs(plan)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=True)
+    hb = plan.heads_per_block
+    call = _pallas(
+        plan,
+        dkv_kernel,
+        grid=(plan.batch, plan.num_heads // hb, plan.num_k_blocks, plan.num_q_blocks),
+        in_specs=[specs["q"], specs["kv"], specs["kv"], specs["q"], specs["stats"], *mask_specs],
+        out_specs=[specs["kv"], specs["kv"]],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch=[
+            pltpu.VMEM((plan.block_k, plan.width), jnp.float32),  # dk accumulator
+            pltpu.VMEM((plan.block_k, plan.width), jnp.float32),  # dv accumulator
+        ],
+        cost=_cost(
+            plan,
+            4,
+            1,
+            [k, v, k, v],
+            [q, d_context, stats],
+            plan.num_k_blocks * (plan.num_q_blocks > 1),
+        ),  # fmt: skip
+    )
+    return call(needed, params, q, k, v, d_context, stats, *masks)

@@ -1,0 +1,109 @@
+"""``python -m bertjax.compile`` against the real TPU compiler (libtpu, from the test extra):
+the tiny config on a small v5e slice for data-, fsdp- and tensor-parallel meshes, the Pallas
+flash kernel present in the TPU program (and absent with attention_impl='xla'), and one-line
+errors for a config that cannot fit, an unknown topology and an indivisible parameter."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import compile as compile_tool
+
+REPO = pathlib.Path(__file__).parents[2]
+sys.path.insert(0, str(REPO / "configs"))
+import tiny  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("compile_test")  # one libtpu client per worker
+
+
+def _config(**model):
+    config = tiny.get_config().unlock()
+    config.model.update(model)
+    return config.lock()
+
+
+@pytest.mark.parametrize(
+    "mesh_shape,model",
+    [
+        ((4, 1, 1), {}),
+        ((1, 4, 1), {"dtype": "bfloat16", "remat_policy": "dots"}),
+        ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),  # vocab split over tensor
+    ],
+)
+def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
+    config = _config(**model).unlock()
+    config.mesh.shape = mesh_shape
+    report = compile_tool.compile_for(config.lock(), "v5litepod-4")
+    assert report["fits"] and report["chips"] == 4 and report["chip"] == "v5e"
+    assert tuple(report["mesh"].values()) == mesh_shape
+    assert 0 < report["needed_bytes"] < report["hbm_bytes_per_chip"]
+    # The model's FLOPs are matmuls only; the compiler also counts softmax, LayerNorm, Adam...
+    per_chip = report["model_flops_per_step"] / 4
+    assert per_chip < report["compiler_flops_per_chip"] < 2 * per_chip
+    collectives = report["collectives"]
+    assert collectives["all-reduce"] + collectives["reduce-scatter"] > 0  # gradients are summed
+    if mesh_shape == (1, 4, 1):
+        assert collectives["all-gather"] > 0  # FSDP gathers the weights it split
+    assert report["params_bytes"] < 2 * report["optimizer_state_bytes"]  # Adam: two moments
+
+
+def test_tpu_program_runs_the_pallas_flash_kernel_unless_xla_is_asked():
+    """attention_impl='auto' traces the Mosaic kernel for a TPU mesh even on this CPU host."""
+    from jax.experimental import topologies
+
+    from bertjax.pretrain import step as step_lib
+    from bertjax.training import sharding as sh
+
+    devices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices
+    for impl, expected in (("auto", True), ("xla", False)):
+        config = _config(attention_impl=impl)
+        steps = step_lib.build_steps(config, sh.create_mesh(config.mesh.shape, devices))
+        args, _ = compile_tool._abstract_args(steps)
+        hlo = steps.train_step.lower(*args).as_text()
+        assert ("tpu_custom_call" in hlo) is expected, impl
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "bertjax.compile", f"--config={REPO}/configs/tiny.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+
+
+def test_config_that_cannot_fit_is_one_line_with_advice():
+    result = _cli("--topology=v5litepod-4", "--config.model.vocab_size=40000000")
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    line = result.stderr.strip()
+    assert line.startswith("compile: error: the train step does not fit v5litepod-4: it needs ")
+    assert "a v5e chip has 15.75 GiB" in line and "--config.mesh.shape=1,4,1 (FSDP" in line
+
+
+def test_unknown_topology_and_indivisible_vocab_are_one_line_errors():
+    result = _cli("--topology=v5litepod-6")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "unknown TPU topology 'v5litepod-6'; known: v4-8," in result.stderr
+    result = _cli("--topology=v5e:2x2", "--config.mesh.shape=2,1,2")  # vocab 7633 over tensor=2
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "not divisible by the 2 shards of mesh axes ('tensor',)" in result.stderr
+
+
+def test_json_has_the_documented_keys():
+    result = _cli("--topology=v5e:2x2", "--json", "--config.train.eval_every=0")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert sorted(report) == sorted(compile_tool.JSON_KEYS)
+    assert report["topology"] == "v5litepod-4" and report["fits"] is True
+
+
+def test_oom_messages_give_the_needed_bytes():
+    first = "the total memory required for HLO temporaries (35.22G) exceeds available HBM (15.75G)"
+    assert compile_tool.oom_needed_bytes(first) == int(35.22 * (1 << 30))
+    second = "Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 3.0K."
+    assert compile_tool.oom_needed_bytes(second) == int(15.75 * (1 << 30)) + 3 * 1024
