@@ -20,7 +20,8 @@ measured time; with ``scan_layers`` the compiler's counts cover one loop body (o
 
 Exit 0 when both steps fit; 1 with one line saying what is needed against what is there and which
 config fields would change that; 1 also for an unknown topology or a config that cannot work.
-``--json`` prints one JSON object instead (keys: ``JSON_KEYS``).
+``--json`` prints one JSON object instead: ``JSON_KEYS``, and the rest of the report (mesh,
+remat policy, attention implementation, the per-chip split, roofline bound, ...).
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ def compile_for(config, topology: str) -> dict:
         ),
         "batch_bytes": _per_chip_bytes(train_args[1], jax_shardings(train_args[1])),
         "scan_layers": bert_config.scan_layers,
+        "remat_policy": bert_config.remat_policy,
+        "attention_impl": bert_config.attention_impl,
+        "dtype": bert_config.dtype,
     }  # fmt: skip
     if compiled is None:
         return {**report, "needed_bytes": train_oom, "failed_step": "train"}
@@ -295,7 +299,8 @@ def _run(flag_values: flags.FlagValues) -> int:
         raise ValueError("the TPU compiler (libtpu) is not installed: pip install 'bertjax[tpu]'")
     report = compile_for(flag_values.config, flag_values.topology)
     if flag_values.json:
-        print(json.dumps({k: report.get(k) for k in JSON_KEYS}, sort_keys=True), flush=True)
+        report = {**dict.fromkeys(JSON_KEYS), **report}  # the documented keys always there
+        print(json.dumps(report, sort_keys=True), flush=True)
     elif report["fits"]:
         print(format_report(report), flush=True)
     if not report["fits"]:

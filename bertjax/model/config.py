@@ -14,7 +14,11 @@ from typing import Any
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
 ATTENTION_KINDS = ("bidirectional", "causal")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# What each layer keeps for the backward pass (the rest is recomputed): none = everything;
+# full = nothing; dots = every matmul output (with the XLA attention: its [B, N, L, L] scores);
+# dots_no_batch = the projections' outputs; dots_attention = those and the flash kernel's
+# outputs (the kernel's backward needs nothing else); attention = only the flash kernel's outputs.
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_attention", "attention")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_IMPLS = ("auto", "xla", "fused")
 # Fields older bertjax versions wrote into bert_config.json; ignored when read.

@@ -36,7 +36,7 @@ from flax import linen as nn
 
 from bertjax.model import attention as attention_lib
 from bertjax.model import axes as sh
-from bertjax.model import backend
+from bertjax.model import backend, flash_tpu
 from bertjax.model.config import ACTIVATIONS, BertConfig
 from bertjax.model.dropout import Dropout
 
@@ -234,10 +234,16 @@ def gather_positions(x: jax.Array, positions: jax.Array) -> jax.Array:
 def _layer_class(config: BertConfig):
     if config.remat_policy == "none":
         return EncoderLayer
+    policies = jax.checkpoint_policies
+    kernel_outputs = policies.save_only_these_names(*flash_tpu.CHECKPOINT_NAMES)
     policy = {
         "full": None,
-        "dots": jax.checkpoint_policies.checkpoint_dots,
-        "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "dots": policies.checkpoint_dots,
+        "dots_no_batch": policies.dots_with_no_batch_dims_saveable,
+        "dots_attention": policies.save_from_both_policies(
+            policies.dots_with_no_batch_dims_saveable, kernel_outputs
+        ),
+        "attention": kernel_outputs,
     }[config.remat_policy]
     # self is argument 0, so `deterministic` is argument 3.
     return nn.remat(EncoderLayer, policy=policy, static_argnums=(3,))

@@ -18,6 +18,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from bertjax.model import backend
@@ -185,8 +186,15 @@ def _flash(plan, q, k, v, aux):
     return calls.forward_call(plan, q, k, v, aux)[0]
 
 
+# Names of the forward kernel's outputs, so a remat policy can keep them rather than re-run the
+# kernel in the backward pass (``bertjax.model.encoder``'s 'dots_attention' / 'attention').
+CHECKPOINT_NAMES = ("flash_context", "flash_stats")
+
+
 def _flash_fwd(plan, q, k, v, aux):
     context, stats = calls.forward_call(plan, q, k, v, aux)
+    context = checkpoint_name(context, CHECKPOINT_NAMES[0])
+    stats = checkpoint_name(stats, CHECKPOINT_NAMES[1])
     return context, (q, k, v, aux, context, stats)
 
 

@@ -98,7 +98,7 @@ def test_json_has_the_documented_keys():
     result = _cli("--topology=v5e:2x2", "--json", "--config.train.eval_every=0")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
-    assert sorted(report) == sorted(compile_tool.JSON_KEYS)
+    assert set(compile_tool.JSON_KEYS) <= set(report)
     assert report["topology"] == "v5litepod-4" and report["fits"] is True
 
 

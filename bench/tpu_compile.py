@@ -1,0 +1,144 @@
+"""Compiles paper configs for TPU slices with ``python -m bertjax.compile`` and tabulates them.
+
+    python bench/tpu_compile.py --preset=configs   # base/large x 128/512 x five slices
+    python bench/tpu_compile.py --preset=attention # large x 128/512, xla vs fused, v5e-16/v4-32
+    python bench/tpu_compile.py --preset=remat     # large 512 on v5litepod-16, every policy
+    python bench/tpu_compile.py --row 'configs/large.py v5litepod-16 --config.model.dtype=...'
+
+Every row is one ``python -m bertjax.compile --json`` subprocess (the real TPU compiler, on this
+machine: nothing runs on a TPU), so a row's figures are exactly what a user sees. Results are
+appended to ``--results`` (JSON lines, with the command) and printed as a markdown table:
+fits, memory per chip, compiler FLOPs and HBM bytes per chip, arithmetic intensity, the roofline
+bound max(FLOPs / peak, bytes / bandwidth) (an estimate from the compiler's counts, not a timing)
+and the compile time. ``--reuse`` skips rows already in the results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GIB = 1 << 30
+SLICES = ("v4-8", "v4-32", "v5litepod-16", "v5p-8", "v6e-8")
+AT_128 = ("--config.data.max_seq_length=128", "--config.data.max_predictions_per_seq=20")
+CONFIGS = {  # name -> (config file, overrides): the paper's two lengths, global batch 256
+    "base-512": ("configs/bert_base.py", ()),
+    "base-128": ("configs/bert_base.py", AT_128),
+    "large-512": ("configs/large.py", ()),
+    "large-128": ("configs/large.py", AT_128),
+}
+REMAT = ("none", "full", "dots", "dots_no_batch", "dots_attention", "attention")
+
+
+def preset_rows(name: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(config file, topology, overrides) rows of a preset."""
+    if name == "configs":
+        return [(CONFIGS[c][0], s, CONFIGS[c][1]) for c in CONFIGS for s in SLICES]
+    if name == "attention":
+        return [
+            (CONFIGS[c][0], s, (*CONFIGS[c][1], f"--config.model.attention_impl={impl}"))
+            for c in ("large-512", "large-128")
+            for s in ("v5litepod-16", "v4-32")
+            for impl in ("xla", "fused")
+        ]
+    if name == "remat":
+        rows = [("configs/large.py", "v5litepod-16", ("--config.model.attention_impl=xla",
+                 "--config.model.remat_policy=dots"))]  # fmt: skip
+        rows += [
+            (
+                "configs/large.py",
+                "v5litepod-16",
+                ("--config.model.attention_impl=fused", f"--config.model.remat_policy={policy}"),
+            )  # fmt: skip
+            for policy in REMAT
+        ]
+        return rows
+    raise SystemExit(f"unknown preset {name!r}: configs | attention | remat")
+
+
+def run_row(config: str, topology: str, overrides: tuple[str, ...]) -> dict:
+    command = [sys.executable, "-m", "bertjax.compile", f"--config={config}",
+               f"--topology={topology}", "--json", *overrides]  # fmt: skip
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    row = {"config": config, "topology": topology, "overrides": list(overrides)}
+    row["command"] = "python -m bertjax.compile " + shlex.join(command[3:])
+    row["wall_seconds"] = round(time.perf_counter() - started, 1)
+    if result.returncode == 0:
+        row.update(json.loads(result.stdout))
+    else:
+        row.update(fits=False, error=(result.stderr.strip().splitlines() or ["?"])[-1])
+    return row
+
+
+def _cell(row: dict) -> list[str]:
+    settings = " ".join(o.removeprefix("--config.") for o in row["overrides"]) or "defaults"
+    where = [row["config"], settings, row["topology"]]
+    if "error" in row:
+        return [*where, "", "", "no", row["error"].split(": ", 2)[-1], *[""] * 6,
+                f"{row['wall_seconds']:.0f}"]  # fmt: skip
+    mesh = "x".join(str(v) for v in row["mesh"].values())
+    gib = lambda key: f"{row[key] / GIB:.2f}" if row.get(key) is not None else ""
+    hbm, needed = row["hbm_bytes_per_chip"], row["needed_bytes"]
+    if row.get("compiler_flops_per_chip") is None:  # did not fit: the compiler's figure only
+        needs = f"needs {gib('needed_bytes')} of {gib('hbm_bytes_per_chip')}"
+        return [*where, row["remat_policy"], mesh, "no", needs, *[""] * 6,
+                f"{row['wall_seconds']:.0f}"]  # fmt: skip
+    flops, traffic = row["compiler_flops_per_chip"], row["compiler_hbm_bytes_per_chip"]
+    return [
+        *where, row["remat_policy"], mesh, "yes" if row["fits"] else "no",
+        f"{gib('params_bytes')} + {gib('optimizer_state_bytes')} + {gib('temp_bytes')} = "
+        f"{gib('needed_bytes')} of {gib('hbm_bytes_per_chip')}",
+        f"{100 * (1 - needed / hbm):.0f}%", f"{flops:.3g}", f"{traffic:.3g}",
+        f"{row['arithmetic_intensity']:.0f} / {row['ridge_point']:.0f}",
+        f"{1e3 * row['roofline_seconds']:.0f}", f"{row['compile_seconds']['train']:.0f}",
+    ]  # fmt: skip
+
+
+def table(rows: list[dict]) -> str:
+    header = ["config", "overrides", "slice", "remat", "mesh", "fits",
+              "GiB/chip: params + Adam + temp = needed of HBM", "headroom", "FLOPs/chip",
+              "HBM bytes/chip", "FLOP/byte / ridge", "bound ms", "compile s"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", action="append", default=[])
+    parser.add_argument("--row", action="append", default=[], help="'CONFIG TOPOLOGY [OVERRIDES]'")
+    parser.add_argument("--results", default=str(REPO / "bench/results/tpu_compile.jsonl"))
+    parser.add_argument("--reuse", action="store_true")
+    args = parser.parse_args()
+    rows = [r for p in args.preset for r in preset_rows(p)]
+    for text in args.row:
+        config, topology, *overrides = shlex.split(text)
+        rows.append((config, topology, tuple(overrides)))
+    path = pathlib.Path(args.results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if args.reuse and path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["config"], r["topology"], tuple(r["overrides"]))] = r
+    results = []
+    for config, topology, overrides in rows:
+        row = done.get((config, topology, overrides)) or run_row(config, topology, overrides)
+        if (config, topology, overrides) not in done:
+            with path.open("a") as f:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+        print(json.dumps({k: row.get(k) for k in ("topology", "fits", "overrides")}), flush=True)
+        results.append(row)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
