@@ -15,12 +15,18 @@ runs as a command, so importing it adds no flags to its importer, and TensorFlow
 (quietly, see ``bertjax.startup``) only after the flags are parsed, so ``--help`` answers at once.
 
 ``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
+
+Signals: SIGTERM stops a command with one line (exit 1) wherever it is, unless the command has
+installed its own handler (pretraining's loop saves and exits 0; ``bertjax.pretrain.loop``);
+SIGINT (Ctrl-C) likewise, with exit status 130.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -31,6 +37,15 @@ from bertjax import startup
 TRACEBACK_ENV = "BERTJAX_TRACEBACK"
 
 
+class Stopped(Exception):  # noqa: N818 - it is a stop, not an error
+    """A SIGTERM stopped the command outside any handler of its own."""
+
+
+def _stopped(signum, frame):
+    del frame
+    raise Stopped(signal.Signals(signum).name)
+
+
 def call(
     main: Callable[[flags.FlagValues], int | None],
     flag_values: flags.FlagValues,
@@ -39,13 +54,24 @@ def call(
     prog: str = "",
 ) -> int:
     """``main(flag_values)``'s exit status, or 1 with ``<prog>: error: <message>`` on stderr."""
+    prefix = f"{prog}: " if prog else ""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stopped)
     try:
         return main(flag_values) or 0
     except errors as e:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
+        print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
         return 1
+    except Stopped as e:
+        print(f"{prefix}stopped by {e} before anything was saved", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt as e:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"{prefix}{e or 'interrupted (SIGINT)'}", file=sys.stderr, flush=True)
+        return 130
 
 
 def run(

@@ -41,10 +41,11 @@ import uuid
 
 import numpy as np
 from absl import flags
+from safetensors import SafetensorError
 
 from bertjax import cli
 from bertjax.model.config import BertConfig
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint, checkpoint_manifest, workdir
 
 
 class ConvertError(ValueError):
@@ -431,6 +432,8 @@ def _write_atomically(dst: str, fill, overwrite: bool) -> str:
         if os.path.exists(dst):
             shutil.rmtree(dst)
         os.rename(tmp, dst)
+    except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left at dst
+        raise ConvertError(f"writing {dst} failed ({type(e).__name__}: {e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dst
@@ -489,7 +492,7 @@ def read_tf1(src: str, do_lower_case: bool | None = None) -> Converted:
 def read_bertjax(src: str) -> Converted:
     try:
         params, cfg, meta = checkpoint.load_params(src)
-    except checkpoint.CheckpointError as e:
+    except (checkpoint.CheckpointError, checkpoint_manifest.CheckpointCorrupt) as e:
         raise ConvertError(str(e)) from None
     vocab_file = os.path.join(src, checkpoint.VOCAB_FILE)
     _check_vocab(
@@ -502,10 +505,10 @@ def read_bertjax(src: str) -> Converted:
 
 
 def read_workdir(src: str) -> Converted:
-    """The latest checkpoint of a training workdir (``WORKDIR/checkpoints/``)."""
+    """The newest verified checkpoint of a training workdir (``WORKDIR/checkpoints/``)."""
     try:
-        params, cfg, vocab_file, do_lower_case = checkpoint.latest_params_from_workdir(src)
-    except checkpoint.CheckpointError as e:
+        params, cfg, vocab_file, do_lower_case = workdir.latest_params(src)
+    except (checkpoint.CheckpointError, checkpoint_manifest.CheckpointCorrupt) as e:
         raise ConvertError(str(e)) from None
     _check_vocab(vocab_file, cfg, src, "encoder/embeddings/word_embeddings/embedding")
     return Converted(params, cfg.portable(), vocab_file, bool(do_lower_case))
@@ -521,7 +524,7 @@ def detect_format(src: str) -> str:
     if checkpoint.is_params_checkpoint(src):
         return "bertjax"
     # Before config.json / bert_config.json: a workdir holds both next to its checkpoints.
-    if os.path.isdir(join(checkpoint.CHECKPOINTS_DIR)):
+    if os.path.isdir(join(workdir.CHECKPOINTS_DIR)):
         return "workdir"
     if os.path.exists(join("config.json")):
         return "hf"

@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: bertjax.pretrain) ----
     # Params-only bertjax checkpoint (e.g. converted from HF/TF) used when the workdir has none.
     config.init_checkpoint = ""
+    # A vocab that differs from the one the workdir or init_checkpoint was trained with is an
+    # error (every embedding row would belong to another token); True accepts a deliberate
+    # same-size change.
+    config.allow_vocab_change = False
 
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 1_000_000  # the run stops after this many optimizer updates

@@ -1,14 +1,15 @@
 """The pretraining run, ``train_and_evaluate(config, workdir)``: the host side of training.
 
-A run: check the config and data (``bertjax.pretrain.inputs``) -> build the abstract state and its
-shardings (``bertjax.pretrain.step``) -> restore or initialise it -> jit the train and eval steps
-once -> loop: step; log every ``train.log_every`` steps; evaluate every ``train.eval_every``; save
-every ``checkpoint.every_steps`` and at the end.
+A run: check the config and data (``bertjax.pretrain.inputs``) -> build the abstract state, its
+shardings and the jitted steps (``bertjax.pretrain.step.build_steps``) -> take the workdir and
+restore or initialise the state (``bertjax.pretrain.start``: nothing is written before the run
+is accepted) -> loop: step; log every ``train.log_every`` steps; evaluate every
+``train.eval_every``; save every ``checkpoint.every_steps`` and at the end.
 
 Host policies (the step itself is pure; its contract is in ``bertjax.pretrain.step``):
 
-- **Restore order**: this workdir's latest checkpoint -> ``config.init_checkpoint`` (params only)
-  -> fresh init (layout in ``bertjax.training.checkpoint``).
+- **Restore order**: this workdir's newest verified checkpoint -> ``config.init_checkpoint``
+  (params only) -> fresh init (layout in ``bertjax.training.checkpoint``).
 - **Data position**: a checkpoint stores the step, the data stream's signature and the batches
   consumed from it; a resumed run on the same stream continues exactly where it stopped, a run
   whose data changed starts the new stream from its beginning.
@@ -17,7 +18,11 @@ Host policies (the step itself is pure; its contract is in ``bertjax.pretrain.st
 - **Non-finite** loss or gradient: without ``train.skip_nonfinite`` the loop raises
   FloatingPointError naming the step before it logs, evaluates or saves; with it the step has
   kept the old state and the loop only warns (the state counts the skips).
-- **Preemption**: SIGTERM on any host -> all hosts agree, save the current step, return (exit 0).
+- **Stopping**: SIGTERM (preemption) or SIGINT (Ctrl-C) on any host -> all hosts agree, save the
+  current step, return (exit 0); a second signal stops at once without saving. Before the loop
+  starts, the command's own handler turns a signal into a one-line stop (``bertjax.main``).
+- **Failures that stop the run with one line** (and no further step): a background save that
+  failed (e.g. a full disk; the last complete checkpoint stays restorable), a lost lease.
 - **MFU** = model FLOPs per second (``metrics.train_flops_per_sequence``, bidirectional attention
   counted in full) / the devices' peak: ``train.peak_flops`` if set, else the table's peak of a
   known TPU/GPU, else the measured fp32 matmul ceiling (CPU); which one is printed once at start.
@@ -38,58 +43,40 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax.pretrain import inputs
+from bertjax.pretrain import start as start_lib
 from bertjax.pretrain import step as step_lib
 from bertjax.pretrain.step import BATCH_KEYS
-from bertjax.training import accelerators, checkpoint
+from bertjax.training import accelerators, lease
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
 
 
-class _Preemption:
-    """SIGTERM (Cloud TPU maintenance / spot preemption) -> save at the current step, exit 0."""
+class _Stop:
+    """SIGTERM (Cloud TPU maintenance, spot preemption) or SIGINT (Ctrl-C): save the current step
+    and return; a second signal raises KeyboardInterrupt at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self.requested = ""  # the signal's name
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
 
     def _handle(self, signum, frame):
-        del signum, frame
-        self.requested = True
+        del frame
+        if self.requested:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopped without saving")
+        self.requested = signal.Signals(signum).name
 
-    def agreed(self) -> bool:
-        """All hosts agree: any host's request stops every host at the same step."""
-        if jax.process_count() == 1:
-            return self.requested
-        flags = multihost_utils.process_allgather(np.asarray(self.requested, np.int32))
-        return bool(np.any(flags))
+    def agreed(self, lease_lost: bool) -> tuple[bool, bool]:
+        """(stop requested, lease lost) agreed by all hosts: any host's stops every host."""
+        flags = np.asarray([bool(self.requested), lease_lost], np.int32)
+        if jax.process_count() > 1:
+            flags = np.any(multihost_utils.process_allgather(flags), axis=0)
+        return bool(flags[0]), bool(flags[1])
 
     def restore(self):
-        signal.signal(signal.SIGTERM, self._previous)
-
-
-def _restore_or_init(config, manager, model, tx, abstract, shardings, length, predictions):
-    """Restore order: workdir latest -> config.init_checkpoint (params only) -> fresh."""
-    rng = jax.random.key_data(jax.random.key(config.seed))
-    init_rng, train_rng = jax.random.split(jax.random.key(config.seed))
-    abstract_rng = jax.ShapeDtypeStruct(rng.shape, rng.dtype)
-    restored = checkpoint.restore_train_state(manager, abstract, shardings, abstract_rng)
-    if restored is not None:
-        state, rng_data, meta = restored
-        print(f"restored step {int(state.step)} from {manager.directory}", flush=True)
-        return state, np.asarray(rng_data), meta
-    params = None
-    if config.init_checkpoint:
-        params, _, _ = checkpoint.load_params(
-            config.init_checkpoint, scan_layers=config.model.scan_layers
-        )
-        if set(params) != set(abstract.params):
-            raise checkpoint.CheckpointError(
-                f"config.init_checkpoint={config.init_checkpoint}: has heads {sorted(params)}, "
-                f"pretraining needs {sorted(abstract.params)}"
-            )
-        print(f"initialised params from {config.init_checkpoint}", flush=True)
-    state = step_lib.init_train_state(model, tx, shardings, init_rng, length, predictions, params)
-    return state, np.asarray(jax.random.key_data(train_rng)), None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
 
 
 def _evaluate(config, bert_config, eval_fn, params) -> dict:
@@ -113,24 +100,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     mesh = sh.create_mesh(config.mesh.shape)
     inputs.check_config(config, bert_config, mesh, jax.process_count())
     inputs.check_data(config, bert_config)
-    length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     steps = step_lib.build_steps(config, mesh)
-    model, tx = steps.model, steps.tx
-    abstract, shardings = steps.abstract_state, steps.state_shardings
-    if jax.process_index() == 0 and not config.train.synthetic_data:
-        checkpoint.write_workdir_info(
-            workdir,
-            bert_config,
-            config.data.vocab_file,
-            config.data.do_lower_case,
-            config.to_json_best_effort(),
-        )
-    manager = checkpoint.create_manager(
-        workdir, config.checkpoint.every_steps, config.checkpoint.keep, config.checkpoint.async_save
-    )
-    state, rng_data, meta = _restore_or_init(
-        config, manager, model, tx, abstract, shardings, length, predictions
-    )
+    started = start_lib.start(config, workdir, steps)
+    state, rng_data, meta = started.state, started.rng_data, started.meta
     signature = inputs.data_signature(config)
     start_step = int(state.step)
     # Data offset: the step at which the current stream started (0 unless the data changed).
@@ -145,7 +117,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         batch_size=int(config.train.global_batch_size) // jax.process_count(),
         start_batch=start_step - offset,
     )
-    loop = _Loop(config, workdir, bert_config, manager, signature, offset, rng_data)
+    loop = _Loop(config, workdir, bert_config, started, signature, offset)
     try:
         return loop.run(state, step_fn, eval_fn, rng, batches, mesh)
     finally:
@@ -155,9 +127,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
 class _Loop:
     """The host side of training: stepping, logging, eval, checkpoints, preemption, NaN policy."""
 
-    def __init__(self, config, workdir, bert_config, manager, signature, offset, rng_data):
-        self.config, self.manager, self.signature = config, manager, signature
-        self.offset, self.rng_data = offset, rng_data
+    def __init__(self, config, workdir, bert_config, started: start_lib.Start, signature, offset):
+        self.config, self.signature, self.offset = config, signature, offset
+        self.checkpoints, self.held, self.rng_data = (
+            started.checkpoints,
+            started.held,
+            started.rng_data,
+        )
         self.num_steps = int(config.train.num_steps)
         self.length = int(config.data.max_seq_length)
         self.peak, source = accelerators.peak_flops_per_device(
@@ -172,20 +148,28 @@ class _Loop:
             str(epath.Path(workdir) / "tensorboard"), enabled=jax.process_index() == 0
         )
         self.bert_config = bert_config
-        self.preemption = _Preemption()
+        self.stop = _Stop()
         self.window = metrics_lib.Accumulator()
         self.summary: dict = {}
         self.last_saved = -1
 
     def run(self, state, step_fn, eval_fn, rng, batches, mesh) -> dict:
         config, step = self.config, int(state.step)
-        self.last_saved = step if self.manager.latest_step() == step else -1
+        self.last_saved = step if self.checkpoints.latest_step() == step else -1
         first, pending, started = True, None, time.perf_counter()
         start_step = step
         while step < self.num_steps:
-            if self.preemption.agreed():
-                logging.warning("SIGTERM: saving step %d and exiting", step)
+            requested, lease_lost = self.stop.agreed(self.held is not None and self.held.lost)
+            if lease_lost:
+                raise lease.LeaseError(
+                    f"{self.checkpoints.root}: this run lost its lease to another run at step "
+                    f"{step}; it stopped without saving"
+                )
+            if requested:
+                if jax.process_index() == 0:
+                    print(f"{self.stop.requested or 'stop'}: saving step {step}", flush=True)
                 break
+            self.checkpoints.check_for_errors()  # a failed background save stops the run
             host_batch = next(batches)
             if first:
                 per_host = int(config.train.global_batch_size) // jax.process_count()
@@ -216,8 +200,8 @@ class _Loop:
 
     def _finish(self, step: int, state, eval_fn) -> dict:
         self._save(step, state)
-        self.manager.wait_until_finished()
-        if self.preemption.requested:
+        self.checkpoints.finish()
+        if self.stop.requested:
             return self.summary
         if int(self.config.train.eval_every) and self.summary.get("eval_step") != step:
             self._eval(step, eval_fn, state.params)
@@ -231,7 +215,7 @@ class _Loop:
     def _record(self, step: int, step_metrics) -> None:
         values = jax.device_get(step_metrics)
         if values["nonfinite"] and not self.config.train.skip_nonfinite:
-            self.manager.wait_until_finished()
+            self.checkpoints.finish()
             raise FloatingPointError(
                 f"non-finite loss or gradient at step {step} (loss={float(values['loss_sum'])}, "
                 f"grad_norm={float(values['grad_norm_sum'])}); the update was not applied and no "
@@ -281,11 +265,15 @@ class _Loop:
     def _save(self, step: int, state) -> None:
         if step == self.last_saved or step == 0:
             return
+        if self.held is not None:
+            self.held.check()  # LeaseError (one line) when another run took the workdir
         meta = {"step": step, "data_signature": self.signature, "data_position": step - self.offset}
-        checkpoint.save_train_state(self.manager, step, state, self.rng_data, meta)
+        self.checkpoints.save(step, state, self.rng_data, meta)
         self.last_saved = step
 
     def close(self) -> None:
-        self.preemption.restore()
+        self.stop.restore()
         self.writer.close()
-        self.manager.close()
+        self.checkpoints.close()
+        if self.held is not None:
+            self.held.release()

@@ -1,48 +1,58 @@
-"""Checkpoint layout, saving and restoring.
+"""Checkpoint layout and restore order (the contract), and params-only checkpoints.
 
-Two kinds of checkpoint exist, both plain directories (local or ``gs://``):
+Two kinds of checkpoint exist, both plain directories (local or ``gs://``), and every directory
+of weights carries a manifest (``checkpoint_manifest``: each file's size and crc32c, written last)
+that is verified before it is trusted:
 
-1. A **params-only bertjax checkpoint** (what ``python -m bertjax.convert --to=bertjax`` writes and
-   what ``config.init_checkpoint`` / fine-tuning / feature extraction read)::
+1. A **params-only bertjax checkpoint** (what ``python -m bertjax.convert --to=bertjax`` and
+   fine-tuning write; what ``config.init_checkpoint``, fine-tuning, feature extraction and
+   ``convert`` read, through :func:`load_params`)::
 
-       DIR/bertjax_checkpoint.json   {"format_version": 1, "do_lower_case": bool, "heads": [...]}
+       DIR/bertjax_checkpoint.json   {"format_version": 2, "do_lower_case": bool, "heads": [...],
+                                      "vocab": {"entries": N, "sha256": "..."}}
        DIR/bert_config.json          BertConfig.to_json()  (the architecture, activation included)
-       DIR/vocab.txt                 the WordPiece vocab the embedding rows refer to
+       DIR/vocab.txt                 the vocab the embedding rows refer to
        DIR/params/                   orbax PyTree checkpoint of the params dict, numpy leaves,
                                      always in the *unscanned* layout (``encoder/layers/layer_{i}``)
+       DIR/bertjax_manifest.json     every file above, verified by load_params
 
    ``heads`` lists the top-level subtrees besides ``encoder`` (e.g. ``["pooler", "mlm", "nsp"]``).
-   The directory is written under a temporary name and renamed into place, so a crash never
-   leaves a half-written checkpoint at the destination.
+   The directory is written under a temporary name, sealed and renamed into place, so a crash
+   never leaves a half-written checkpoint at the destination. Format 1 (no manifest, no vocab
+   fingerprint) is still read, unverified, with a notice.
 
-2. A **training workdir** (``bertjax.main``), written by the functions below this module's
-   params-only part::
+2. A **training workdir** (``bertjax.main``; ``bertjax.training.workdir``)::
 
-       WORKDIR/bertjax_workdir.json   {"format_version": 1, "do_lower_case": bool}  (at start)
-       WORKDIR/bert_config.json       the architecture being trained (at start)
-       WORKDIR/vocab.txt              copy of config.data.vocab_file (at start)
-       WORKDIR/config.json            the full run config (at start, for the record)
+       WORKDIR/bertjax_lease.json     the live run's lease (``bertjax.training.lease``)
+       WORKDIR/bertjax_workdir.json   {"format_version": 2, "do_lower_case": bool,
+                                       "vocab": {"entries": N, "sha256": "..."}}
+       WORKDIR/bert_config.json       the architecture being trained
+       WORKDIR/vocab.txt              copy of config.data.vocab_file
+       WORKDIR/config.json            the full run config, for the record
        WORKDIR/checkpoints/<step>/    orbax CheckpointManager step directories:
            state/   the full TrainState (params in the layout being trained, optimizer state,
                     step, non-finite skip count), sharded arrays
            rng/     the base training PRNG key data <uint32>[2]
            meta/    JSON {"step", "data_signature", "data_position"}: data_position = batches
                     each host has consumed from the stream named by data_signature
+           bertjax_manifest.json      written once orbax has finalized the step
+       WORKDIR/checkpoints_rejected/  steps that failed verification, moved aside
        WORKDIR/tensorboard/           event files
 
-   Saves are asynchronous (``config.checkpoint.async_save``) every
-   ``config.checkpoint.every_steps`` steps and keep the last ``config.checkpoint.keep``. Orbax
-   writes a step into a temporary directory and renames it when complete, so a run killed during
-   a save leaves no directory that ``latest_step`` would take as valid.
+   The record files are written only once a run is accepted (after every check of the config
+   against the workdir and the restore). Saves are asynchronous (``config.checkpoint.async_save``)
+   every ``config.checkpoint.every_steps`` steps and keep the last ``config.checkpoint.keep``.
 
-   **Restore order** (``bertjax.pretrain.loop.train_and_evaluate``): this workdir's latest complete
-   step (full state, restored straight into the current shardings, any mesh) ->
+   **Restore order** (``bertjax.pretrain.loop.train_and_evaluate``): this workdir's newest step
+   that verifies (full state, restored straight into the current shardings, any mesh) ->
    ``config.init_checkpoint`` (params only, via :func:`load_params`; fresh optimizer state) ->
-   fresh initialisation.
+   fresh initialisation. Vocab fingerprints are compared at every one of these (a differing
+   size or content is an error unless ``config.allow_vocab_change``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -55,8 +65,9 @@ from etils import epath
 
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import stack_layers, unstack_layers
+from bertjax.training import checkpoint_manifest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a manifest and a vocab fingerprint; 1: neither
 META_FILE = "bertjax_checkpoint.json"
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
@@ -102,6 +113,7 @@ def save_params(
                     "format_version": FORMAT_VERSION,
                     "do_lower_case": bool(do_lower_case),
                     "heads": sorted(k for k in params if k != "encoder"),
+                    "vocab": vocab_fingerprint(vocab_file),
                 },
                 indent=2,
             )
@@ -113,31 +125,38 @@ def save_params(
             (tmp / PARAMS_DIR).resolve() if not str(tmp).startswith("gs://") else tmp / PARAMS_DIR,
             jax.tree.map(np.asarray, params),
         )
+        checkpoint_manifest.write_manifest(tmp)
         if dst.exists():
             _rmtree(dst)
         tmp.rename(dst)
-    except BaseException:
+    except OSError as e:  # a full disk, a lost connection: one line, nothing left at dst
+        raise CheckpointError(f"writing {dst} failed ({type(e).__name__}: {e})") from None
+    finally:
         if tmp.exists():
             _rmtree(tmp)
-        raise
     return dst
 
 
 def load_params(path: str | os.PathLike, *, scan_layers: bool = False):
-    """Reads a params-only checkpoint -> (params of numpy arrays, BertConfig, meta dict).
+    """Reads a verified params-only checkpoint -> (params of numpy arrays, BertConfig, meta).
 
     The returned config has ``scan_layers`` set as asked and the params are in that layout.
+    ``meta["vocab"]`` (format 2) is the fingerprint of the checkpoint's vocab.txt.
     """
     src = epath.Path(path)
     for name in (META_FILE, CONFIG_FILE, VOCAB_FILE, PARAMS_DIR):
         if not (src / name).exists():
             raise CheckpointError(f"{src}: not a bertjax checkpoint, {name} is missing")
     meta = json.loads((src / META_FILE).read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in (1, FORMAT_VERSION):
         raise CheckpointError(
             f"{src / META_FILE}: format_version {meta.get('format_version')!r}, "
-            f"this bertjax reads {FORMAT_VERSION}"
+            f"this bertjax reads 1-{FORMAT_VERSION}"
         )
+    if meta["format_version"] == 1:
+        print(f"{src}: written before checkpoints had manifests: read unverified", flush=True)
+    else:
+        checkpoint_manifest.verify(src)  # CheckpointCorrupt: one line naming the file
     try:
         bert_config = BertConfig.from_dict(
             json.loads((src / CONFIG_FILE).read_text()), source=str(src / CONFIG_FILE)
@@ -160,119 +179,45 @@ def _rmtree(path: epath.Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- training workdir
-
-WORKDIR_META_FILE = "bertjax_workdir.json"
-CHECKPOINTS_DIR = "checkpoints"
+# ---------------------------------------------------------------- vocab identity and writes
 
 
-def write_workdir_info(
-    workdir, bert_config: BertConfig, vocab_file: str, do_lower_case: bool, config_json: str
-) -> None:
-    """Writes what an exporter needs next to the checkpoints (each file atomically)."""
-    root = epath.Path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
-    files = {
-        WORKDIR_META_FILE: json.dumps(
-            {"format_version": FORMAT_VERSION, "do_lower_case": bool(do_lower_case)}, indent=2
-        ),
-        CONFIG_FILE: bert_config.portable().to_json(),
-        VOCAB_FILE: epath.Path(vocab_file).read_text(),
-        "config.json": config_json,
-    }
-    for name, text in files.items():
-        tmp = root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.write_text(text)
-        tmp.replace(root / name)  # rename() refuses to overwrite on restart
+def vocab_fingerprint(vocab_file) -> dict:
+    """{"entries": N, "sha256": hex} of a vocab.txt (non-empty lines) or a SentencePiece model."""
+    data = epath.Path(vocab_file).read_bytes()
+    if str(vocab_file).endswith(".model"):
+        import sentencepiece  # noqa: PLC0415
+
+        entries = sentencepiece.SentencePieceProcessor(model_proto=data).get_piece_size()
+    else:
+        entries = sum(1 for line in data.decode("utf-8", errors="replace").splitlines() if line)
+    return {"entries": int(entries), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def create_manager(workdir, every_steps: int, keep: int, async_save: bool):
-    """An orbax CheckpointManager over ``WORKDIR/checkpoints`` (state, rng and meta items)."""
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=int(keep),
-        save_interval_steps=1,
-        create=True,
-        # Removes temporary directories a killed run left behind (never taken as valid anyway).
-        cleanup_tmp_directories=True,
-        enable_async_checkpointing=bool(async_save),
-    )
-    path = epath.Path(workdir) / CHECKPOINTS_DIR
-    if not str(path).startswith("gs://"):
-        path = path.resolve()
-    return ocp.CheckpointManager(path, options=options)
-
-
-def save_train_state(manager, step: int, state, rng_data, meta: dict) -> None:
-    """Starts an (async) save of the full state at ``step``; returns once it is scheduled."""
-    manager.save(
-        int(step),
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            rng=ocp.args.StandardSave(rng_data),
-            meta=ocp.args.JsonSave(meta),
-        ),
-    )
-
-
-def restore_train_state(manager, abstract_state, state_shardings, abstract_rng):
-    """Latest complete step -> (state, rng_data, meta), placed in ``state_shardings``; or None.
-
-    ``abstract_state`` / ``abstract_rng`` are ``jax.ShapeDtypeStruct`` trees; the arrays are
-    read straight into the given shardings, so the mesh may differ from the one that saved.
-    """
-    step = manager.latest_step()
-    if step is None:
-        return None
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract_state,
-        state_shardings,
-    )
-    try:
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target),
-                rng=ocp.args.StandardRestore(abstract_rng),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
-    except (ValueError, KeyError, TypeError) as e:
+def compare_vocab(recorded: dict, recorded_path: str, vocab_file: str, field: str) -> None:
+    """Raises CheckpointError when ``vocab_file`` is not the vocab ``recorded`` fingerprints."""
+    current = vocab_fingerprint(vocab_file)
+    if current["entries"] != recorded["entries"]:
         raise CheckpointError(
-            f"{manager.directory}/{step}: cannot restore into the current train "
-            f"state (was the model/optimizer config changed?): {e}"
-        ) from None
-    return restored.state, restored.rng, restored.meta
+            f"{field}={vocab_file} has {current['entries']} entries but {recorded_path}, the "
+            f"vocab the checkpoint was trained with, has {recorded['entries']}: sizes differ"
+        )
+    if current["sha256"] != recorded["sha256"]:
+        raise CheckpointError(
+            f"{field}={vocab_file} is not {recorded_path}, the vocab the checkpoint was trained "
+            f"with: same size ({current['entries']} entries), different content, so every "
+            "embedding row would belong to another token (set config.allow_vocab_change=True "
+            "if the change is deliberate)"
+        )
 
 
-def latest_params_from_workdir(workdir):
-    """Latest training checkpoint of ``workdir`` -> (params, BertConfig, vocab_file, do_lower_case).
-
-    ``params`` is an unscanned dict of numpy arrays with top-level ``encoder, pooler, mlm, nsp``.
-    """
-    root = epath.Path(workdir)
-    for name in (WORKDIR_META_FILE, CONFIG_FILE, VOCAB_FILE):
-        if not (root / name).exists():
-            raise CheckpointError(f"{root}: not a bertjax training workdir, {name} is missing")
-    bert_config = BertConfig.from_dict(
-        json.loads((root / CONFIG_FILE).read_text()), source=str(root / CONFIG_FILE)
-    )
-    do_lower_case = bool(json.loads((root / WORKDIR_META_FILE).read_text())["do_lower_case"])
-    ckpt_root = root / CHECKPOINTS_DIR
-    manager = ocp.CheckpointManager(
-        ckpt_root.resolve() if not str(root).startswith("gs://") else ckpt_root,
-        options=ocp.CheckpointManagerOptions(create=False, read_only=True),
-    )
-    step = manager.latest_step() if ckpt_root.exists() else None
-    if step is None:
-        raise CheckpointError(f"{ckpt_root}: no complete checkpoint to export")
-    state_dir = epath.Path(manager.directory) / str(step) / "state"
-    checkpointer = ocp.PyTreeCheckpointer()
-    metadata = checkpointer.metadata(state_dir).item_metadata
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    tree = checkpointer.restore(state_dir, restore_args=restore_args)
-    params = jax.tree.map(np.asarray, tree["params"])
-    encoder = params["encoder"]
-    if "layer" in encoder.get("layers", {}):
-        params = {**params, "encoder": unstack_layers(encoder, bert_config.num_layers)}
-    return params, bert_config, str(root / VOCAB_FILE), do_lower_case
+def write_text_atomically(path, text: str) -> None:
+    """Writes under a temporary name and renames, so readers never see half a file."""
+    path = epath.Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)  # rename() refuses to overwrite on some filesystems
+    finally:
+        if tmp.exists():
+            tmp.unlink()

@@ -312,8 +312,9 @@ def acquire(
 
 
 def _in_use(where: str, holder: LeaseRecord, now: float) -> LeaseError:
-    wait = math.ceil(max(0.0, holder.ttl_seconds - (now - holder.renewed)))
+    expires = math.ceil(max(0.0, holder.ttl_seconds - (now - holder.renewed)))
     return LeaseError(
         f"{where} is in use by host {holder.host} pid {holder.pid} since {_utc(holder.started)} "
-        f"(renewed {_duration(now - holder.renewed)} ago); stop it or wait {wait} s"
+        f"(renewed {_duration(now - holder.renewed)} ago); stop that run or use another workdir "
+        f"(a holder that stops renewing is taken over {expires} s after its last renewal)"
     )

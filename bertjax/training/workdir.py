@@ -1,0 +1,318 @@
+"""A pretraining workdir: the run's record, verified checkpoints, and what a run may change.
+
+The layout and the restore order are ``bertjax.training.checkpoint``'s docstring. A run goes:
+
+1. :func:`check_resumable` (read only): a workdir that holds a run must hold this run's model
+   (every architecture field of ``BertConfig`` equal; the error lists the ones that differ) and
+   vocab (the fingerprint of ``config.data.vocab_file``; differing size or content is an error
+   naming both files, unless ``config.allow_vocab_change``).
+2. :meth:`Checkpoints.restore` (read only): the newest step whose manifest verifies
+   (``checkpoint_manifest``); steps that fail verification or are incomplete are named in one
+   line each and skipped. Step directories that exist while none verifies are an error: nothing
+   starts over a damaged run.
+3. Only then :func:`write_record` and :meth:`Checkpoints.open_for_writing`: steps newer than the
+   restored one (they failed verification) move to ``checkpoints_rejected/`` so that the run can
+   save those step numbers again; saves start; each step's manifest is written by a background
+   sealer once orbax has finalized it.
+
+A rejected run therefore leaves the workdir as it found it. Workdirs of format 1 (written before
+checkpoints had manifests) still resume: their latest orbax step, unverified, with a notice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import unstack_layers
+from bertjax.training import checkpoint_manifest as manifest
+from bertjax.training.checkpoint import (
+    CONFIG_FILE,
+    VOCAB_FILE,
+    CheckpointError,
+    compare_vocab,
+    vocab_fingerprint,
+    write_text_atomically,
+)
+
+META_FILE = "bertjax_workdir.json"
+CHECKPOINTS_DIR = "checkpoints"
+REJECTED_DIR = "checkpoints_rejected"
+FORMAT_VERSION = 2  # 2: steps carry manifests; 1: they did not
+RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
+                  "gather_last_layer")  # fmt: skip
+
+
+def read_record(workdir) -> dict | None:
+    """``bertjax_workdir.json`` + the recorded BertConfig, or None for a workdir with no run."""
+    root = epath.Path(workdir)
+    if not (root / META_FILE).exists():
+        return None
+    try:
+        meta = json.loads((root / META_FILE).read_text())
+        bert_config = BertConfig.from_dict(
+            json.loads((root / CONFIG_FILE).read_text()), source=str(root / CONFIG_FILE)
+        )
+    except (OSError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{root}: unreadable run record ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format_version") not in (1, FORMAT_VERSION):
+        raise CheckpointError(f"{root / META_FILE}: not a bertjax workdir record of format 1-2")
+    return {**meta, "bert_config": bert_config}
+
+
+def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_vocab_change: bool):
+    """Raises CheckpointError when ``workdir`` holds another model or vocab (module doc, 1)."""
+    record = read_record(workdir)
+    if record is None:
+        return None
+    recorded = record["bert_config"]
+    differ = [
+        f"config.model.{name} {getattr(recorded, name)!r} -> {getattr(bert_config, name)!r}"
+        for name in sorted(vars(recorded))
+        if name not in RUNTIME_FIELDS and getattr(recorded, name) != getattr(bert_config, name)
+    ]
+    if differ:
+        raise CheckpointError(
+            f"{workdir} holds a run of another model ({', '.join(differ)}); resume with the "
+            "recorded model or use a new workdir (nothing was changed)"
+        )
+    if vocab_file and not allow_vocab_change:
+        recorded_vocab = str(epath.Path(workdir) / VOCAB_FILE)
+        compare_vocab(record.get("vocab") or vocab_fingerprint(recorded_vocab), recorded_vocab,
+                      vocab_file, "config.data.vocab_file")  # fmt: skip
+    return record
+
+
+def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, config_json: str):
+    """Writes the run's record (each file atomically), once the run is accepted."""
+    root = epath.Path(workdir)
+    root.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "do_lower_case": bool(do_lower_case),
+        "vocab": vocab_fingerprint(vocab_file),
+    }
+    write_text_atomically(root / VOCAB_FILE, epath.Path(vocab_file).read_text())
+    write_text_atomically(root / CONFIG_FILE, bert_config.portable().to_json())
+    write_text_atomically(root / "config.json", config_json)
+    write_text_atomically(root / META_FILE, json.dumps(meta, indent=2))
+
+
+def _composite(state=None, rng=None, meta=None, restore: bool = False):
+    if restore:
+        return ocp.args.Composite(
+            state=ocp.args.StandardRestore(state),
+            rng=ocp.args.StandardRestore(rng),
+            meta=ocp.args.JsonRestore(),
+        )
+    return ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        rng=ocp.args.StandardSave(rng),
+        meta=ocp.args.JsonSave(meta),
+    )
+
+
+class _OrbaxSaveNoise(logging.Filter):
+    """Orbax's ERROR lines (with tracebacks) about a failed save: :meth:`Checkpoints.
+    check_for_errors` reports the failure in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+
+
+@contextlib.contextmanager
+def _quiet_failed_saves():
+    """While saving: drops orbax's error logs and the "Event loop is closed" tracebacks that
+    tensorstore's callbacks print (through ``sys.excepthook``) after a failed async save."""
+    noise, logger, previous = _OrbaxSaveNoise(), logging.getLogger("absl"), sys.excepthook
+
+    def excepthook(kind, value, traceback):
+        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+            previous(kind, value, traceback)
+
+    logger.addFilter(noise)
+    sys.excepthook = excepthook
+    try:
+        yield
+    finally:
+        logger.removeFilter(noise)
+        sys.excepthook = previous
+
+
+def _latest_orbax_step(directory) -> int | None:
+    """The newest step orbax finalized (format-1 workdirs have no manifests)."""
+    steps = [s for s, p in manifest.step_dirs(directory) if ocp.step.is_checkpoint_finalized(p)]
+    return steps[0] if steps else None
+
+
+def _path(path: epath.Path) -> epath.Path:
+    return path if str(path).startswith("gs://") else path.resolve()
+
+
+class Checkpoints:
+    """The workdir's ``checkpoints/``: verified restore, saves sealed with manifests."""
+
+    def __init__(self, workdir, *, keep: int, async_save: bool, log: Callable[[str], None] = print):
+        self.root = epath.Path(workdir)
+        self.directory = _path(self.root / CHECKPOINTS_DIR)
+        self.keep, self.async_save, self.log = int(keep), bool(async_save), log
+        self.rejected: list[int] = []  # steps newer than the restored one: moved aside
+        self.manager = self.sealer = None
+        self._quiet = contextlib.ExitStack()
+
+    def _step_to_restore(self, verified: bool) -> int | None:
+        """The step to restore (process 0 decides; every process gets the same)."""
+        step = -1
+        if jax.process_index() == 0:
+            found = manifest.step_dirs(self.directory)
+            if verified:
+                chosen = manifest.latest_verified_step(self.directory, log=self.log)
+            else:  # format 1: orbax's latest complete step
+                chosen = _latest_orbax_step(self.directory)
+                if chosen is not None:
+                    self.log(f"checkpoint step {chosen}: restored unverified (workdir format 1)")
+            if found and chosen is None:
+                step = -2
+            else:
+                step = -1 if chosen is None else chosen
+                self.rejected = [s for s, _ in found if chosen is None or s > chosen]
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils  # noqa: PLC0415
+
+            step = int(multihost_utils.broadcast_one_to_all(np.int32(step)))
+        if step == -2:
+            raise CheckpointError(
+                f"{self.directory}: no checkpoint verifies (see the lines above); nothing was "
+                "started: move the directory aside to start the run afresh"
+            )
+        return None if step < 0 else step
+
+    def restore(self, abstract_state, shardings, abstract_rng, *, verified: bool = True):
+        """(state, rng_data, meta) of the newest usable step in ``shardings``, or None."""
+        step = self._step_to_restore(verified)
+        if step is None:
+            return None
+        target = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract_state,
+            shardings,
+        )
+        # A checkpointer on the one step directory: a manager would scan (and warn about) the
+        # unverified steps around it.
+        reader = ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+        try:
+            restored = reader.restore(
+                self.directory / str(step), args=_composite(target, abstract_rng, restore=True)
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{self.directory}/{step}: cannot restore into the current train state (was "
+                f"the optimizer config changed?): {str(e).splitlines()[0]}"
+            ) from None
+        finally:
+            reader.close()
+        return restored.state, restored.rng, restored.meta
+
+    def open_for_writing(self) -> None:
+        """After the run is accepted: moves rejected steps aside, starts the manager and sealer."""
+        if jax.process_index() == 0 and self.rejected:
+            aside = self.root / REJECTED_DIR
+            aside.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            for step in self.rejected:
+                (self.directory / str(step)).rename(aside / f"{step}-{stamp}")
+                self.log(f"checkpoint step {step}: moved to {aside / f'{step}-{stamp}'}")
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=self.keep,
+            save_interval_steps=1,
+            create=True,
+            # Removes temporary directories a killed run left behind (never taken as valid).
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=self.async_save,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._quiet.enter_context(_quiet_failed_saves())
+        if jax.process_index() == 0:
+            self.sealer = manifest.ManifestSealer(self.directory, log=self.log)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state, rng_data, meta: dict) -> None:
+        """Starts an (async) save of the full state; its manifest follows when it is final."""
+        with self._failures():
+            saved = self.manager.save(int(step), args=_composite(state, rng_data, meta))
+        if saved and self.sealer:
+            self.sealer.submit(int(step))
+
+    def check_for_errors(self) -> None:
+        """Raises CheckpointError (one line) when a background save failed."""
+        with self._failures():
+            self.manager.check_for_errors()
+
+    @contextlib.contextmanager
+    def _failures(self):
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - orbax re-raises whatever the save raised
+            reason = (str(e).splitlines() or [""])[0]
+            raise CheckpointError(
+                f"saving a checkpoint in {self.directory} failed ({type(e).__name__}: "
+                f"{reason[:300]}); the run stopped; the last complete checkpoint is kept"
+            ) from None
+
+    def finish(self) -> None:
+        """Waits for the saves in flight and their manifests."""
+        if self.manager is not None:
+            with self._failures():
+                self.manager.wait_until_finished()
+                self.manager.check_for_errors()
+        if self.sealer is not None:
+            self.sealer.close()
+            self.sealer = None
+
+    def close(self) -> None:
+        if self.manager is not None:
+            with contextlib.suppress(Exception):  # a failed save was reported already
+                self.manager.close()
+        self._quiet.close()
+
+
+def latest_params(workdir, *, log: Callable[[str], None] = print):
+    """The newest verified step's params -> (params, BertConfig, vocab_file, do_lower_case).
+
+    ``params`` is an unscanned dict of numpy arrays with top-level ``encoder, pooler, mlm, nsp``.
+    Steps that fail verification are named on ``log`` and skipped, as at restore.
+    """
+    root = epath.Path(workdir)
+    record = read_record(root)
+    if record is None or not (root / VOCAB_FILE).exists():
+        raise CheckpointError(f"{root}: not a bertjax training workdir, {META_FILE} is missing")
+    directory = _path(root / CHECKPOINTS_DIR)
+    if record["format_version"] == 1:
+        step = _latest_orbax_step(directory)
+    else:
+        step = manifest.latest_verified_step(directory, log=log)
+    if step is None:
+        raise CheckpointError(f"{directory}: no complete checkpoint that verifies, nothing to read")
+    checkpointer = ocp.PyTreeCheckpointer()
+    state_dir = directory / str(step) / "state"
+    metadata = checkpointer.metadata(state_dir).item_metadata
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+    params = jax.tree.map(
+        np.asarray, checkpointer.restore(state_dir, restore_args=restore_args)["params"]
+    )
+    bert_config = record["bert_config"]
+    if "layer" in params["encoder"].get("layers", {}):
+        params = {**params, "encoder": unstack_layers(params["encoder"], bert_config.num_layers)}
+    return params, bert_config, str(root / VOCAB_FILE), bool(record["do_lower_case"])

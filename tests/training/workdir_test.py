@@ -1,0 +1,114 @@
+"""Training workdirs: full state saved (and sealed) on one mesh, restored into another's
+shardings; the newest step that verifies is the one restored; a workdir holding another model
+or vocab is refused before anything is written; export reads the verified step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.data import bundled
+from bertjax.model.heads import BertForPreTraining
+from bertjax.pretrain import step as step_lib
+from bertjax.training import checkpoint, optimizer, workdir
+from bertjax.training import sharding as sh
+from tests.pretrain.step_test import LENGTH, PREDICTIONS, tiny_config
+
+
+def _setup(config, mesh_shape):
+    model = BertForPreTraining(step_lib.bert_config_from(config))
+    tx = optimizer.create_optimizer(config.optimizer, 10)
+    mesh = sh.create_mesh(mesh_shape)
+    abstract, shardings = step_lib.state_shardings(
+        model, tx, mesh, config.mesh.rules, LENGTH, PREDICTIONS
+    )
+    return model, tx, abstract, shardings
+
+
+def _save(path, state, steps, rng):
+    checkpoints = workdir.Checkpoints(path, keep=5, async_save=True, log=lambda _: None)
+    checkpoints.open_for_writing()
+    for step in steps:
+        checkpoints.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), rng, {"s": step})
+    checkpoints.finish()
+    checkpoints.close()
+
+
+def test_save_on_one_mesh_restore_the_newest_verified_step_on_another(tmp_path):
+    config = tiny_config()
+    model, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(3), LENGTH, PREDICTIONS)
+    # Make the optimizer state non-trivial so a wrong restore would show.
+    state = state.replace(
+        opt_state=jax.tree.map(lambda x: x + 0.5 if x.dtype == jnp.float32 else x, state.opt_state)
+    )
+    rng = np.asarray([1, 2], np.uint32)
+    _save(tmp_path, state, (5, 7), rng)
+    root = tmp_path / workdir.CHECKPOINTS_DIR
+    assert (root / "7" / "bertjax_manifest.json").exists()  # sealed once orbax finalized it
+    (root / "9.orbax-checkpoint-tmp-123").mkdir()  # what a run killed during a save leaves
+    (root / "8").mkdir()  # an empty step directory
+    data = max(
+        (p for p in (root / "7" / "state").rglob("*") if p.is_file()),
+        key=lambda p: p.stat().st_size,
+    )
+    data.write_bytes(data.read_bytes()[:-10])  # truncated: step 7 fails verification
+
+    _, _, abstract, other = _setup(config, (2, 2, 2))
+    lines = []
+    checkpoints = workdir.Checkpoints(tmp_path, keep=5, async_save=True, log=lines.append)
+    restored, restored_rng, meta = checkpoints.restore(
+        abstract, other, jax.ShapeDtypeStruct((2,), jnp.uint32)
+    )
+    assert lines[0] == "checkpoint step 8: empty directory (incomplete save); trying step 7"
+    assert lines[1].startswith("checkpoint step 7 failed verification: state/")
+    assert lines[1].endswith("trying step 5") and "size differs" in lines[1]
+    assert meta == {"s": 5} and int(restored.step) == 5
+    np.testing.assert_array_equal(restored_rng, rng)
+    want = jax.device_get(state.replace(step=jnp.asarray(5, jnp.int32)))
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(restored), want)
+    kernel = restored.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
+    assert kernel.sharding == other.params["encoder"]["layers"]["layer_0"]["intermediate"]["kernel"]
+    assert kernel.sharding.shard_shape(kernel.shape) == (16, 32)
+    checkpoints.open_for_writing()  # accepted: the failed steps move aside
+    checkpoints.close()
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / workdir.REJECTED_DIR).iterdir()) == [
+        "7",
+        "8",
+    ]
+
+
+def test_no_verified_step_is_an_error_not_a_fresh_start(tmp_path):
+    (tmp_path / workdir.CHECKPOINTS_DIR / "3").mkdir(parents=True)
+    checkpoints = workdir.Checkpoints(tmp_path, keep=2, async_save=False, log=lambda _: None)
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint verifies"):
+        checkpoints.restore({}, {}, jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
+def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):
+    bert_config = step_lib.bert_config_from(tiny_config())
+    workdir.write_record(tmp_path, bert_config, bundled.VOCAB, True, "{}")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    other = bert_config.replace(num_layers=3, intermediate_size=48, dtype="bfloat16")
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        workdir.check_resumable(tmp_path, other, bundled.VOCAB, allow_vocab_change=False)
+    assert "config.model.intermediate_size 64 -> 48, config.model.num_layers 2 -> 3" in str(
+        error.value
+    )
+    assert "dtype" not in str(error.value)  # a runtime choice may change between runs
+    shuffled = tmp_path.parent / "shuffled.txt"
+    lines = open(bundled.VOCAB).read().splitlines()
+    shuffled.write_text("\n".join(lines[:5] + lines[6:] + lines[5:6]) + "\n")
+    with pytest.raises(checkpoint.CheckpointError, match="same size .* different content"):
+        workdir.check_resumable(tmp_path, bert_config, str(shuffled), allow_vocab_change=False)
+    workdir.check_resumable(tmp_path, bert_config, str(shuffled), allow_vocab_change=True)
+    smaller = tmp_path.parent / "smaller.txt"
+    smaller.write_text("\n".join(lines[:1000]) + "\n")
+    with pytest.raises(checkpoint.CheckpointError, match="1000 entries but .* has 7633: sizes"):
+        workdir.check_resumable(tmp_path, bert_config, str(smaller), allow_vocab_change=False)
+    assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+
+def test_latest_params_errors_clearly(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="not a bertjax training workdir"):
+        workdir.latest_params(tmp_path)
