@@ -19,8 +19,9 @@ which reports in the same one line an unknown or missing flag, a value of the wr
 positional argument, and a ``--config`` file (``ml_collections.config_flags``) that is missing,
 not valid Python, raises ValueError or TypeError in ``get_config``, or gets an override of a key
 it does not have (with ml_collections' "did you mean"). Any other exception is a bug and keeps its
-traceback. ``BERTJAX_TRACEBACK=1`` in the environment re-raises every error instead, for bug
-reports.
+traceback.
+
+``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
 """
 
 from __future__ import annotations
@@ -39,11 +40,6 @@ from ml_collections.config_flags.config_flags import is_config_flag  # public, u
 from bertjax import startup
 
 TRACEBACK_ENV = "BERTJAX_TRACEBACK"
-_REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words
-
-
-def _report(prog: str, message: str) -> None:
-    print(f"{prog}: error: {message}" if prog else f"error: {message}", file=sys.stderr, flush=True)
 
 
 def call(
@@ -59,8 +55,11 @@ def call(
     except errors as e:
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        _report(prog, str(e))
+        print(f"{prog}: error: {e}" if prog else f"error: {e}", file=sys.stderr, flush=True)
         return 1
+
+
+_REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words
 
 
 def parse_flags(argv: list[str], *, prog: str = "") -> list[str]:
@@ -75,7 +74,7 @@ def parse_flags(argv: list[str], *, prog: str = "") -> list[str]:
         message = _input_error(e, argv, flags.FLAGS)
         if message is None or os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        _report(prog, message)
+        print(f"{prog}: error: {message}" if prog else f"error: {message}", file=sys.stderr)
         sys.exit(1)
     return rest
 
@@ -116,9 +115,11 @@ def _flag_error(error: flags.Error) -> str:
     if "\n" in message:
         # ml_collections puts the whole traceback of a config file's get_config into absl's
         # "flag --config=FILE: Error whilst parsing config file:\n\n..."; keep the error raised.
-        head = message.split("\n", 1)[0].rsplit(": ", 1)[0]
         raised = [e for e in _chain(error) if "Traceback (most recent call last)" not in str(e)]
-        message = " ".join(f"{head}: {raised[0] if raised else message}".split())
+        if raised and raised[0] is not error:
+            head = lines[0].rsplit(": ", 1)[0]  # "flag --config=FILE"
+            message = f"{head}: {raised[0]}"
+        message = " ".join(message.split())
     if isinstance(error, flags.UnrecognizedFlagError):
         message += " (--helpshort lists the flags)"
     return message.removeprefix("flag ")
