@@ -14,6 +14,13 @@ in-process, one-line errors included, through :func:`call`. Flags are defined on
 runs as a command, so importing it adds no flags to its importer, and TensorFlow is imported
 (quietly, see ``bertjax.startup``) only after the flags are parsed, so ``--help`` answers at once.
 
+Bad flags fail while absl parses them, before ``_run``: :func:`run` hands absl its own parser,
+which reports in the same one line an unknown or missing flag, a value of the wrong type, a
+positional argument, and a ``--config`` file (``ml_collections.config_flags``) that is missing,
+not valid Python, raises ValueError or TypeError in ``get_config``, or gets an override of a key
+it does not have (with ml_collections' "did you mean"). Any other exception is a bug and keeps its
+traceback.
+
 ``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
 
 Signals: SIGTERM stops a command with one line (exit 1) wherever it is, unless the command has
@@ -23,14 +30,18 @@ SIGINT (Ctrl-C) likewise, with exit status 130.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from absl import app, flags
+from ml_collections.config_flags.config_flags import is_config_flag  # public, unlike _ConfigFlag
 
 from bertjax import startup
 
@@ -74,6 +85,133 @@ def call(
         return 130
 
 
+_REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words
+
+
+def parse_flags(argv: list[str], *, prog: str = "") -> list[str]:
+    """absl's ``flags_parser`` for :func:`run`: parses ``argv`` into ``flags.FLAGS``; bad input
+    exits 1 with one line (see the module docstring), any other exception propagates."""
+    try:
+        rest = flags.FLAGS(argv)
+        _load_config_files(flags.FLAGS)
+        if len(rest) > 1:
+            raise flags.Error(f"unexpected arguments {shlex.join(rest[1:])}: give only --flags")
+    except Exception as e:
+        message = _input_error(e, argv, flags.FLAGS)
+        if message is None or os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"{prog}: error: {message}" if prog else f"error: {message}", file=sys.stderr)
+        sys.exit(1)
+    return rest
+
+
+def _load_config_files(flag_values: flags.FlagValues) -> None:
+    """Raises the OSError of a config file that did not load (missing, a directory, unreadable).
+
+    ml_collections parses such a flag into a stand-in that raises the error on the first
+    attribute access, which would come after TensorFlow's import, maybe after writing begins.
+    """
+    for name in flag_values:
+        flag = flag_values[name]
+        if is_config_flag(flag) and flag.value is not None:
+            hasattr(flag.value, "lock")  # the stand-in raises OSError, not AttributeError
+
+
+def _input_error(error: Exception, argv: list[str], flag_values: flags.FlagValues) -> str | None:
+    """The one-line message for a bad flag or config file, None for anything else (a bug)."""
+    if isinstance(error, flags.Error):
+        return _flag_error(error)
+    config_files = {n: _argument(argv, n) for n in flag_values if is_config_flag(flag_values[n])}
+    if isinstance(error, OSError):  # parsing reads only the files that the command line names
+        return _config_load_error(error, config_files)
+    if isinstance(error, SyntaxError):
+        return _syntax_error(error, config_files)
+    if isinstance(error, KeyError | AttributeError):
+        return _unknown_key(error, argv, config_files)
+    return None
+
+
+def _flag_error(error: flags.Error) -> str:
+    message = str(error)
+    lines = message.splitlines()
+    missing = [re.fullmatch(_REQUIRED, line) for line in lines]
+    if lines and all(missing):  # absl: one line per required flag left out
+        names = ", ".join(f"--{match[1]}" for match in missing)
+        return f"{names} {'is' if len(missing) == 1 else 'are'} required"
+    if "\n" in message:
+        # ml_collections puts the whole traceback of a config file's get_config into absl's
+        # "flag --config=FILE: Error whilst parsing config file:\n\n..."; keep the error raised.
+        raised = [e for e in _chain(error) if "Traceback (most recent call last)" not in str(e)]
+        if raised and raised[0] is not error:
+            head = lines[0].rsplit(": ", 1)[0]  # "flag --config=FILE"
+            message = f"{head}: {raised[0]}"
+        message = " ".join(message.split())
+    if isinstance(error, flags.UnrecognizedFlagError):
+        message += " (--helpshort lists the flags)"
+    return message.removeprefix("flag ")
+
+
+def _config_load_error(error: OSError, config_files: dict[str, str | None]) -> str:
+    # ml_collections: "Failed loading config file ...\n  Attempted ...\n      [Errno 2] No such ..."
+    reason = str(list(_chain(error))[-1]).strip().splitlines()[-1].strip()
+    reason = re.sub(r"^\[Errno \d+\] ", "", reason)
+    for name, argument in config_files.items():
+        if argument is not None:
+            path = argument.split(":", 1)[0]
+            if path and not os.path.isabs(path) and not os.path.exists(path):
+                reason += f" (relative to {os.getcwd()})"
+            return f"--{name}={argument}: cannot load the config file: {reason}"
+    return reason
+
+
+def _syntax_error(error: SyntaxError, config_files: dict[str, str | None]) -> str | None:
+    """A config file named on the command line that is not Python; None for any other file."""
+    for name, argument in config_files.items():
+        path = (argument or "").split(":", 1)[0]
+        if path and os.path.realpath(error.filename or "") == os.path.realpath(path):
+            where = f"line {error.lineno}, column {error.offset}"
+            return f"--{name}={argument}: not valid Python: {error.msg} at {where}"
+    return None
+
+
+def _unknown_key(
+    error: KeyError | AttributeError, argv: list[str], config_files: dict[str, str | None]
+) -> str | None:
+    """``--config.train.num_stepz=5``: ml_collections raises KeyError('num_stepz') from the
+    lookup, then again with its near miss ('Did you mean "num_steps" ...'). A key that no
+    override names is a bug in a config file, not an input error."""
+    innermost = list(_chain(error))[-1]
+    key = innermost.args[0] if isinstance(innermost, KeyError) and innermost.args else None
+    for arg in argv:
+        match = re.match(r"--?([^=.\s]+)\.([^=\s]+)", arg)  # --config.a.b=1, --noconfig.a.b
+        name = match and next((n for n in (match[1], match[1][2:]) if n in config_files), None)
+        parts = match[2].split(".") if name else []
+        if isinstance(key, str) and key in parts:
+            prefix = parts[: parts.index(key)]
+            file = (config_files[name] or "").split(":", 1)[0]
+            message = f"{arg.split('=', 1)[0]}: {file} has no key {'.'.join([*prefix, key])}"
+            near = re.search(r'Did you mean "([^"]+)"', " ".join(map(str, _chain(error))))
+            return message + (f"; did you mean {'.'.join([*prefix, near[1]])}?" if near else "")
+    return None
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then the exception it was raised from or while handling, and so on."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _argument(argv: list[str], name: str) -> str | None:
+    """The last value of ``--name=VALUE`` / ``--name VALUE`` in ``argv``, as absl reads it."""
+    value = None
+    for i, arg in enumerate(argv):
+        match = re.fullmatch(rf"--?{re.escape(name)}(=.*)?", arg, re.DOTALL)
+        if match:
+            value = match.group(1)[1:] if match.group(1) else (argv[i + 1 : i + 2] or [None])[0]
+    return value
+
+
 def run(
     main: Callable[[flags.FlagValues], int | None],
     define_flags: Callable[[], None] | None = None,
@@ -82,7 +220,7 @@ def run(
     prog: str = "",
     tensorflow: bool = True,
 ) -> NoReturn:
-    """Defines the flags, parses argv and exits with :func:`call`'s status.
+    """Defines the flags, parses argv (:func:`parse_flags`) and exits with :func:`call`'s status.
 
     ``tensorflow``: the command needs TensorFlow, imported quietly before ``main``.
     """
@@ -90,10 +228,9 @@ def run(
         define_flags()
 
     def absl_main(argv: list[str]) -> NoReturn:
-        if len(argv) > 1:
-            raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        del argv  # parse_flags allows none beyond the program's name
         if tensorflow:
             startup.import_tensorflow()
         sys.exit(call(main, flags.FLAGS, errors=errors, prog=prog))
 
-    app.run(absl_main)
+    app.run(absl_main, flags_parser=functools.partial(parse_flags, prog=prog))
