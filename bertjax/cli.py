@@ -48,13 +48,18 @@ from bertjax import startup
 TRACEBACK_ENV = "BERTJAX_TRACEBACK"
 
 
-class Stopped(Exception):  # noqa: N818 - it is a stop, not an error
+class Stopped(BaseException):  # noqa: N818 - a stop, like KeyboardInterrupt: never swallowed
     """A SIGTERM stopped the command outside any handler of its own."""
 
 
 def _stopped(signum, frame):
     del frame
     raise Stopped(signal.Signals(signum).name)
+
+
+def _stop_on_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stopped)
 
 
 def call(
@@ -66,8 +71,7 @@ def call(
 ) -> int:
     """``main(flag_values)``'s exit status, or 1 with ``<prog>: error: <message>`` on stderr."""
     prefix = f"{prog}: " if prog else ""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stopped)
+    _stop_on_sigterm()
     try:
         return main(flag_values) or 0
     except errors as e:
@@ -224,13 +228,22 @@ def run(
 
     ``tensorflow``: the command needs TensorFlow, imported quietly before ``main``.
     """
+    _stop_on_sigterm()  # from here on, before config files load: one line, exit 1
     if define_flags is not None:
         define_flags()
 
     def absl_main(argv: list[str]) -> NoReturn:
         del argv  # parse_flags allows none beyond the program's name
-        if tensorflow:
-            startup.import_tensorflow()
-        sys.exit(call(main, flags.FLAGS, errors=errors, prog=prog))
 
-    app.run(absl_main, flags_parser=functools.partial(parse_flags, prog=prog))
+        def command(flag_values):
+            if tensorflow:
+                startup.import_tensorflow()
+            return main(flag_values)
+
+        sys.exit(call(command, flags.FLAGS, errors=errors, prog=prog))
+
+    try:
+        app.run(absl_main, flags_parser=functools.partial(parse_flags, prog=prog))
+    except Stopped as e:  # while the flags and config files were parsed
+        print(f"{prog}: stopped by {e} before anything was saved", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -24,7 +24,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.pretrain import step as step_lib
-from bertjax.training import checkpoint, lease, workdir
+from bertjax.training import checkpoint, lease, lease_stores, workdir
 
 
 @dataclasses.dataclass
@@ -119,8 +119,10 @@ def start(config, path: str, steps: step_lib.Steps) -> Start:
     except BaseException:
         if held is not None:
             held.release()
-            if created and not any(root.iterdir()):
-                root.rmdir()
+            if created:  # ours since this start: nothing but the lease's lock file is in it
+                (root / lease_stores.LOCK_FILE).unlink(missing_ok=True)
+                if not any(root.iterdir()):
+                    root.rmdir()
         raise
     if jax.process_index() == 0 and not config.train.synthetic_data:
         workdir.write_record(

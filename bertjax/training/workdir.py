@@ -7,9 +7,10 @@ The layout and the restore order are ``bertjax.training.checkpoint``'s docstring
    vocab (the fingerprint of ``config.data.vocab_file``; differing size or content is an error
    naming both files, unless ``config.allow_vocab_change``).
 2. :meth:`Checkpoints.restore` (read only): the newest step whose manifest verifies
-   (``checkpoint_manifest``); steps that fail verification or are incomplete are named in one
-   line each and skipped. Step directories that exist while none verifies are an error: nothing
-   starts over a damaged run.
+   (``checkpoint_manifest``); steps that fail verification or are incomplete (no manifest yet:
+   the run was killed before its save was sealed) are named in one line each and skipped. A step
+   that failed verification while none verifies is an error: nothing starts over a damaged run;
+   a workdir with only incomplete saves starts afresh.
 3. Only then :func:`write_record` and :meth:`Checkpoints.open_for_writing`: steps newer than the
    restored one (they failed verification) move to ``checkpoints_rejected/`` so that the run can
    save those step numbers again; saves start; each step's manifest is written by a background
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -132,8 +134,9 @@ class _OrbaxSaveNoise(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_failed_saves():
-    """While saving: drops orbax's error logs and the "Event loop is closed" tracebacks that
-    tensorstore's callbacks print (through ``sys.excepthook``) after a failed async save."""
+    """While saving: drops orbax's error logs about a failed save; and from then on, for the rest
+    of the process, the "Event loop is closed" tracebacks that tensorstore's callbacks print
+    (through ``sys.excepthook``) until the process exits after a failed async save."""
     noise, logger, previous = _OrbaxSaveNoise(), logging.getLogger("absl"), sys.excepthook
 
     def excepthook(kind, value, traceback):
@@ -141,12 +144,13 @@ def _quiet_failed_saves():
             previous(kind, value, traceback)
 
     logger.addFilter(noise)
-    sys.excepthook = excepthook
+    if not getattr(previous, "drops_closed_event_loop", False):
+        excepthook.drops_closed_event_loop = True
+        sys.excepthook = excepthook
     try:
         yield
     finally:
         logger.removeFilter(noise)
-        sys.excepthook = previous
 
 
 def _latest_orbax_step(directory) -> int | None:
@@ -175,13 +179,14 @@ class Checkpoints:
         step = -1
         if jax.process_index() == 0:
             found = manifest.step_dirs(self.directory)
+            damaged = False
             if verified:
-                chosen = manifest.latest_verified_step(self.directory, log=self.log)
+                chosen, damaged = self._newest_verified(found)
             else:  # format 1: orbax's latest complete step
                 chosen = _latest_orbax_step(self.directory)
                 if chosen is not None:
                     self.log(f"checkpoint step {chosen}: restored unverified (workdir format 1)")
-            if found and chosen is None:
+            if damaged and chosen is None:
                 step = -2
             else:
                 step = -1 if chosen is None else chosen
@@ -196,6 +201,24 @@ class Checkpoints:
                 "started: move the directory aside to start the run afresh"
             )
         return None if step < 0 else step
+
+    def _newest_verified(self, found) -> tuple[int | None, bool]:
+        """(newest step that verifies or None, whether a step failed verification); one log line
+        per step passed over. Incomplete saves (no manifest, empty) are skipped like orbax's
+        temporary directories; a run with nothing but incomplete saves starts afresh."""
+        damaged = False
+        for i, (step, path) in enumerate(found):
+            try:
+                manifest.verify(path)
+                return step, damaged
+            except manifest.CheckpointCorrupt as e:
+                then = f"trying step {found[i + 1][0]}" if i + 1 < len(found) else "none left"
+                if e.incomplete:
+                    self.log(f"checkpoint step {step}: {e.reason}; {then}")
+                else:
+                    damaged = True
+                    self.log(f"checkpoint step {step} failed verification: {e.reason}; {then}")
+        return None, damaged
 
     def restore(self, abstract_state, shardings, abstract_rng, *, verified: bool = True):
         """(state, rng_data, meta) of the newest usable step in ``shardings``, or None."""
@@ -251,6 +274,10 @@ class Checkpoints:
     def save(self, step: int, state, rng_data, meta: dict) -> None:
         """Starts an (async) save of the full state; its manifest follows when it is final."""
         with self._failures():
+            self.manager.wait_until_finished()  # the previous save: its bytes are on disk
+            self.manager.check_for_errors()
+        self._check_space(step, state)
+        with self._failures():
             saved = self.manager.save(int(step), args=_composite(state, rng_data, meta))
         if saved and self.sealer:
             self.sealer.submit(int(step))
@@ -259,6 +286,21 @@ class Checkpoints:
         """Raises CheckpointError (one line) when a background save failed."""
         with self._failures():
             self.manager.check_for_errors()
+
+    def _check_space(self, step: int, state) -> None:
+        """On a local disk: stops the run before a save that cannot fit (orbax would fail half
+        way, in background threads), keeping the last complete checkpoint."""
+        if str(self.directory).startswith("gs://") or jax.process_index() != 0:
+            return
+        needed = 1.05 * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            kept = self.manager.latest_step()
+            raise CheckpointError(
+                f"checkpoint step {step} needs about {needed / 2**20:.1f} MiB in "
+                f"{self.directory}, {free / 2**20:.1f} MiB are free: the run stopped before "
+                f"saving; the last complete checkpoint (step {kept}) is kept"
+            )
 
     @contextlib.contextmanager
     def _failures(self):

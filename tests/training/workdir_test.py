@@ -10,7 +10,7 @@ import pytest
 from bertjax.data import bundled
 from bertjax.model.heads import BertForPreTraining
 from bertjax.pretrain import step as step_lib
-from bertjax.training import checkpoint, optimizer, workdir
+from bertjax.training import checkpoint, checkpoint_manifest, optimizer, workdir
 from bertjax.training import sharding as sh
 from tests.pretrain.step_test import LENGTH, PREDICTIONS, tiny_config
 
@@ -78,11 +78,18 @@ def test_save_on_one_mesh_restore_the_newest_verified_step_on_another(tmp_path):
     ]
 
 
-def test_no_verified_step_is_an_error_not_a_fresh_start(tmp_path):
-    (tmp_path / workdir.CHECKPOINTS_DIR / "3").mkdir(parents=True)
+def test_damage_with_nothing_verified_stops_but_incomplete_saves_start_afresh(tmp_path):
+    step = tmp_path / workdir.CHECKPOINTS_DIR / "3"
+    step.mkdir(parents=True)  # killed before its save was sealed: incomplete
+    checkpoints = workdir.Checkpoints(tmp_path, keep=2, async_save=False, log=lambda _: None)
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    assert checkpoints.restore({}, {}, rng) is None and checkpoints.rejected == [3]
+    (step / "data").write_bytes(b"x" * 10)
+    checkpoint_manifest.write_manifest(step)
+    (step / "data").write_bytes(b"y" * 10)  # sealed, then changed: damaged
     checkpoints = workdir.Checkpoints(tmp_path, keep=2, async_save=False, log=lambda _: None)
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint verifies"):
-        checkpoints.restore({}, {}, jax.ShapeDtypeStruct((2,), jnp.uint32))
+        checkpoints.restore({}, {}, rng)
 
 
 def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):

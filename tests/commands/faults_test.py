@@ -1,0 +1,247 @@
+"""Runs that cannot be lost: ``python -m bertjax.main`` against the faults users meet.
+
+Every case drives the real command on the tiny model (main_test's set-up, 8 steps, a checkpoint
+every 2) and checks what the run does and what the workdir holds afterwards:
+
+1. a second run on a live workdir is refused naming the holder; a dead holder is taken over;
+2. a damaged or incomplete latest checkpoint is named and skipped, the run resumes from the
+   newest step that verifies and ends bit-identical to an uninterrupted run; convert too;
+3. an init_checkpoint whose vocab differs from the data's in size or content is refused naming
+   both files, unless config.allow_vocab_change;
+4. a rejected resume (another model) leaves the workdir byte-identical;
+5. a full disk stops the run with one line; the last complete checkpoint resumes bit-identical;
+6. SIGINT saves and exits 0 as SIGTERM does; SIGTERM during start-up is one line;
+7. kill -9 at random moments over several restarts ends bit-identical to an uninterrupted run.
+"""
+
+import hashlib
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from bertjax.data import bundled
+from bertjax.training import checkpoint
+from bertjax.training import workdir as workdir_lib
+from tests.commands.main_test import NUM_STEPS, REPO, _command, _flatten, _run, env, reference
+
+pytestmark = pytest.mark.xdist_group("faults_test")  # its own reference run, one worker
+__all__ = ["env", "reference"]  # main_test's fixtures, instantiated for this module
+
+
+def _start(env, workdir, *extra, stdout=subprocess.PIPE):
+    _, corpus, environ = env
+    return subprocess.Popen(
+        _command(corpus, workdir, *extra),
+        env=environ,
+        cwd=REPO,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _until_step(proc) -> int:
+    """Reads the run's stdout up to its first step line; returns that step."""
+    for line in proc.stdout:
+        if line.startswith("step "):
+            return int(line.split()[1].split("/")[0])
+    raise AssertionError(proc.stderr.read()[-3000:])
+
+
+def _one_line_error(result) -> str:
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+def _assert_same_params(workdir, reference):
+    got, *_ = workdir_lib.latest_params(workdir, log=lambda _: None)
+    want, *_ = workdir_lib.latest_params(reference[0], log=lambda _: None)
+    got = dict(_flatten(got))
+    for key, value in _flatten(want):
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def _snapshot(path) -> dict:
+    return {
+        p.relative_to(path): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_1_second_run_is_refused_and_a_dead_holder_taken_over(env, tmp_path):
+    workdir = tmp_path / "run"
+    first = _start(env, workdir, "--config.train.num_steps=100000")
+    _until_step(first)
+    second = _run(env, workdir, "--config.optimizer.learning_rate=0.001")
+    line = _one_line_error(second)
+    assert f"{workdir} is in use by host " in line and f" pid {first.pid} since " in line
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    result = _run(env, workdir, f"--config.train.num_steps={NUM_STEPS}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"taking over the lease of {workdir} from host " in result.stdout + result.stderr
+    assert not (workdir / "bertjax_lease.json").exists()  # released at the end
+
+
+def _largest_file(step_dir):
+    return max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)  # fmt: skip
+
+
+def test_2_damaged_checkpoints_are_named_skipped_or_stop_the_run(env, reference, tmp_path):
+    """The latest step with 4 KiB overwritten (size unchanged) and an empty newer step directory:
+    both named, the run resumes from the step before and ends bit-identical to the reference.
+    With every step damaged (metadata deleted, data truncated) nothing starts."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    data = _largest_file(workdir / "checkpoints" / str(NUM_STEPS))
+    with open(data, "r+b") as f:
+        f.seek(data.stat().st_size // 2)
+        f.write(bytes(4096))
+    (workdir / "checkpoints" / str(NUM_STEPS + 2)).mkdir()
+    result = _run(env, workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert f"checkpoint step {NUM_STEPS + 2}: empty directory (incomplete save); trying" in out
+    assert f"checkpoint step {NUM_STEPS} failed verification: state/" in out
+    assert "checksum differs: expected crc32c " in out and f"trying step {NUM_STEPS - 2}" in out
+    assert f"restored step {NUM_STEPS - 2} " in out
+    _assert_same_params(workdir, reference)
+    broken = tmp_path / "broken"
+    shutil.copytree(reference[0], broken)
+    (broken / "checkpoints" / str(NUM_STEPS) / "meta" / "metadata").unlink()
+    data = _largest_file(broken / "checkpoints" / str(NUM_STEPS - 2))
+    data.write_bytes(data.read_bytes()[:-4096])
+    before = _snapshot(broken)
+    line = _one_line_error(_run(env, broken))
+    assert "no checkpoint verifies" in line and "nothing was started" in line
+    assert _snapshot(broken) == before
+
+
+def test_2_convert_exports_the_newest_verified_step(env, reference, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    (workdir / "checkpoints" / str(NUM_STEPS + 2)).mkdir()  # incomplete: skipped with a notice
+    result = subprocess.run(
+        ["python3", "-m", "bertjax.convert", f"--src={workdir}", f"--dst={tmp_path}/hf",
+         "--to=hf"], capture_output=True, text=True, cwd=REPO, env=env[2], timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "empty directory (incomplete save); trying step" in result.stdout
+    assert (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def _params_checkpoint(reference, tmp_path, vocab_lines, name):
+    """The reference run's params as a params-only checkpoint with the given vocab."""
+    params, bert_config, _, _ = workdir_lib.latest_params(reference[0], log=lambda _: None)
+    rows = len(vocab_lines)
+    embeddings = params["encoder"]["embeddings"]["word_embeddings"]
+    embeddings["embedding"] = embeddings["embedding"][:rows]
+    params["mlm"]["output_bias"] = params["mlm"]["output_bias"][:rows]
+    vocab = tmp_path / f"{name}.txt"
+    vocab.write_text("\n".join(vocab_lines) + "\n")
+    config = bert_config.replace(vocab_size=rows)
+    return checkpoint.save_params(tmp_path / name, params, config, str(vocab), True)
+
+
+def test_3_init_checkpoint_vocab_must_be_the_datas(env, reference, tmp_path):
+    lines = open(bundled.VOCAB).read().splitlines()
+    small = _params_checkpoint(reference, tmp_path, lines[:1000], "small")
+    line = _one_line_error(_run(env, tmp_path / "a", f"--config.init_checkpoint={small}"))
+    assert f"has a 1000-entry vocab ({small}/vocab.txt)" in line or "sizes differ" in line
+    assert "1000" in line and "7633" in line and str(small) in line
+    shuffled = _params_checkpoint(reference, tmp_path, [*lines[:5], *lines[6:], lines[5]], "shuf")
+    line = _one_line_error(_run(env, tmp_path / "b", f"--config.init_checkpoint={shuffled}"))
+    assert f"{shuffled}/vocab.txt" in line and bundled.VOCAB in line
+    assert "same size (7633 entries), different content" in line
+    assert not (tmp_path / "b").exists()  # refused before anything was written
+    result = _run(env, tmp_path / "c", f"--config.init_checkpoint={shuffled}",
+                  "--config.allow_vocab_change=True")  # fmt: skip
+    assert result.returncode == 0 and f"initialised params from {shuffled}" in result.stdout
+
+
+def test_4_rejected_resume_leaves_the_workdir_byte_identical(env, reference, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference[0], workdir)
+    before = _snapshot(workdir)
+    line = _one_line_error(_run(env, workdir, "--config.model.num_layers=3"))
+    assert "holds a run of another model (config.model.num_layers 2 -> 3)" in line
+    assert _snapshot(workdir) == before
+    workdir_lib.latest_params(workdir, log=lambda _: None)  # still exports
+
+
+def test_5_full_disk_stops_with_one_line_and_the_last_checkpoint_resumes(env, reference, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(disk)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        result = _run(env, disk / "run")
+        line = _one_line_error(result)
+        assert line.startswith("main: error: checkpoint step 4 needs about ")
+        assert f"in {disk}/run/checkpoints" in line and "the run stopped before saving" in line
+        assert line.endswith("the last complete checkpoint (step 2) is kept")
+        steps = [int(x.split()[1].split("/")[0]) for x in result.stdout.splitlines()
+                 if x.startswith("step ")]  # fmt: skip
+        assert steps and steps[-1] < NUM_STEPS
+        shutil.copytree(disk / "run", tmp_path / "moved")
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    result = _run(env, tmp_path / "moved")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "restored step 2 " in result.stdout  # the one complete save (5 MB: one fits)
+    _assert_same_params(tmp_path / "moved", reference)
+
+
+def test_6_sigint_saves_like_sigterm_and_sigterm_in_start_up_is_one_line(env, tmp_path):
+    proc = _start(env, tmp_path / "run", "--config.train.num_steps=100000")
+    stopped_at = _until_step(proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "SIGINT: saving step" in out
+    saved = max(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert saved >= stopped_at
+    early = _start(env, tmp_path / "early")
+    _wait_until_it_catches(early.pid, signal.SIGTERM)  # cli.run's handler: before the config loads
+    early.send_signal(signal.SIGTERM)
+    _, err = early.communicate(timeout=300)
+    assert early.returncode == 1
+    assert err.strip().splitlines() == ["main: stopped by SIGTERM before anything was saved"]
+
+
+def _wait_until_it_catches(pid: int, signum: int, timeout: float = 60.0) -> None:
+    """Polls /proc/PID/status until the process catches ``signum`` (its SigCgt bit mask)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = open(f"/proc/{pid}/status").read()
+        caught = int(status.split("SigCgt:")[1].split()[0], 16)
+        if caught >> (signum - 1) & 1:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never installed a handler for signal {signum}")
+
+
+def test_7_kill_9_at_random_moments_then_resume_is_bit_identical(env, reference, tmp_path):
+    workdir, rng = tmp_path / "run", random.Random(0)
+    for _ in range(3):
+        proc = _start(env, workdir, stdout=subprocess.PIPE)
+        first = _until_step(proc)
+        stop_after = rng.uniform(0.0, 1.5)  # seconds into training: mid-step, mid-save, ...
+        time.sleep(stop_after)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert first >= 1
+    result = _run(env, workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _assert_same_params(workdir, reference)
