@@ -143,7 +143,7 @@ def test_corpus_documents(tmp_path, wordpiece, record_property):
         "corpus documents (read_text_documents, unit_documents)",
         corpus_texts(),
         check,
-        max_examples=10,
+        max_examples=8,
     )
 
 
@@ -344,7 +344,7 @@ def test_tfrecords(tmp_path, record_property):
         "TFRecords (check_tfrecords, tfrecord_dataset)",
         tfrecord_files(),
         check,
-        max_examples=32,
+        max_examples=24,
     )
 
 
