@@ -238,8 +238,12 @@ def _from_params(params: dict, cfg: BertConfig, fmt: str) -> dict[str, np.ndarra
 def _vocab_size(vocab_file: str) -> int:
     if not os.path.exists(vocab_file):
         raise ConvertError(f"{vocab_file}: vocab file not found")
-    with open(vocab_file, encoding="utf-8") as f:
-        return len(f.readlines())
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            return len(f.readlines())
+    except UnicodeDecodeError as e:
+        message = f"{vocab_file}: vocab file not UTF-8 ({e.reason} at byte {e.start})"
+        raise ConvertError(message) from None
 
 
 def _check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:
@@ -251,13 +255,25 @@ def _check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> No
 
 
 def _read_json(path: str) -> dict:
-    if not os.path.exists(path):
+    """A JSON object file; ConvertError naming ``path`` if missing, not UTF-8 JSON or no object."""
+    if not os.path.isfile(path):
         raise ConvertError(f"{path}: file not found")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError, json.JSONDecodeError
         raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ConvertError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _json_bool(values: dict, key: str, default: bool, path: str) -> bool:
+    """``values[key]`` as a bool; a string like ``"false"`` is an error, not ``True``."""
+    value = values.get(key, default)
+    if not isinstance(value, bool):
+        raise ConvertError(f"{path}: {key}={value!r:.40}, expected true or false")
+    return value
 
 
 def _config_from_json(values: dict, path: str, act_map: dict[str, str]) -> BertConfig:
@@ -266,15 +282,15 @@ def _config_from_json(values: dict, path: str, act_map: dict[str, str]) -> BertC
     if missing:
         raise ConvertError(f"{path}: missing field(s) {missing}")
     act = values.get("hidden_act", "gelu")
-    if act not in act_map:
-        raise ConvertError(f"{path}: hidden_act={act!r}; expected one of {sorted(act_map)}")
+    if not isinstance(act, str) or act not in act_map:
+        raise ConvertError(f"{path}: hidden_act={act!r:.40}; expected one of {sorted(act_map)}")
     position_kind = values.get("position_embedding_type", "absolute")
     if position_kind != "absolute":
         raise ConvertError(
-            f"{path}: position_embedding_type={position_kind!r}; expected 'absolute'"
+            f"{path}: position_embedding_type={position_kind!r:.40}; expected 'absolute'"
         )
     fields = {ours: values.get(theirs, default) for theirs, ours, default in _CONFIG_FIELDS}
-    causal = bool(values.get("is_decoder", False))  # HF's BertModel masks causally as a decoder
+    causal = _json_bool(values, "is_decoder", False, path)  # HF's BertModel: causal as a decoder
     try:
         return BertConfig(**fields, hidden_act=act_map[act],
                           attention="causal" if causal else "bidirectional")  # fmt: skip
@@ -291,8 +307,12 @@ def _hf_weight_files(src: str) -> list[str]:
             return [os.path.join(src, name)]
         index = os.path.join(src, f"{name}.index.json")
         if os.path.exists(index):
-            shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
-            return [os.path.join(src, s) for s in shards]
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(f, str) for f in weight_map.values()
+            ):
+                raise ConvertError(f"{index}: expected a weight_map of weight name -> file name")
+            return [os.path.join(src, s) for s in sorted(set(weight_map.values()))]
     raise ConvertError(f"{src}: no model.safetensors or pytorch_model.bin found")
 
 
@@ -362,7 +382,7 @@ def read_hf(src: str, do_lower_case: bool | None = None) -> Converted:
     _check_vocab(vocab_file, cfg, source, "embeddings.word_embeddings.weight")
     tok_config = os.path.join(src, "tokenizer_config.json")
     if os.path.exists(tok_config) and "do_lower_case" in _read_json(tok_config):
-        do_lower_case = bool(_read_json(tok_config)["do_lower_case"])
+        do_lower_case = _json_bool(_read_json(tok_config), "do_lower_case", False, tok_config)
     return Converted(params, cfg, vocab_file, _require_casing(do_lower_case, src))
 
 

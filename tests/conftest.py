@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices for sharding tests, TensorFlow kept off accelerators, and a
-``fast_compiles`` fixture for modules that compile far more than they compute.
+"""Test set-up: 8 fake CPU devices for sharding tests, TensorFlow kept off accelerators, a
+``fast_compiles`` fixture for modules that compile far more than they compute, and a line per
+reader at the end of the session with the inputs its fuzz tests tried (``tests/fuzzing.py``).
 
 This runs before any test module imports JAX, so the flags take effect. Under ``pytest -n N``
 the suite runs with ``--dist loadgroup`` (pyproject.toml): the tests of a module marked
@@ -54,3 +55,23 @@ def pytest_sessionfinish(session):
     import gc  # noqa: PLC0415
 
     gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__name__", "") != "_xla_gc_callback"]
+
+
+# Fuzz-test input counts (tests/fuzzing.py records them as test properties). Counted from the
+# reports, not in the tests' processes, because under pytest-xdist only the controller prints
+# the summary; the reports carry their properties to it.
+_fuzz_inputs: dict[str, int] = {}
+_FUZZ_PROPERTY = "fuzz inputs: "
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        for name, value in report.user_properties:
+            if name.startswith(_FUZZ_PROPERTY):
+                reader = name[len(_FUZZ_PROPERTY) :]
+                _fuzz_inputs[reader] = _fuzz_inputs.get(reader, 0) + int(value)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for reader, count in sorted(_fuzz_inputs.items()):
+        terminalreporter.write_line(f"fuzz: {count:5d} inputs tried on {reader}")

@@ -162,6 +162,7 @@ def check_utf8(path: str, chunk_bytes: int = 1 << 22) -> None:
     """
     import codecs
     import gzip
+    import zlib
 
     import tensorflow as tf
 
@@ -176,7 +177,7 @@ def check_utf8(path: str, chunk_bytes: int = 1 << 22) -> None:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not UTF-8 text (byte {offset + e.start})") from None
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
 
 

@@ -245,6 +245,15 @@ def num_eval_batches(num_rows: int, batch_size: int, process_count: int) -> int:
     return max(1, math.ceil(num_rows / (batch_size * process_count)))
 
 
+def numpy_batches(dataset, data_config, split: str = "train"):
+    """``dataset.as_numpy_iterator()`` for a dataset of ``create_pretrain_dataset``; a TFRecord
+    that cannot be read or parsed is a DataError naming the files (``tfrecords``)."""
+    batches = dataset.as_numpy_iterator()
+    if data_config.source != "tfrecord":
+        return batches
+    return tfrecords.named_read_errors(batches, data_config, split)
+
+
 def create_pretrain_dataset(
     data_config,
     *,

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -280,7 +281,7 @@ def work_units(files: list[str], unit_bytes: int) -> list[WorkUnit]:
                         documents += 1
                     after_blank = blank
                     position += len(line)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
         if position > start:
             ranges.append((path, start, position))
@@ -302,7 +303,7 @@ def unit_lines(unit: WorkUnit) -> list[bytes]:
             with _open_text(path) as f:
                 f.seek(start)
                 text = f.read(stop - start)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
         try:
             text.decode("utf-8")

@@ -149,7 +149,7 @@ def tfrecord_stats(files: list[str], data_config, tokenizer) -> dict:
     try:
         for batch in dataset.as_numpy_iterator():
             accumulator.add(batch)
-    except tf.errors.InvalidArgumentError as e:
+    except tf.errors.OpError as e:  # a corrupt or truncated file, or a record of another shape
         raise DataError(f"{files}: cannot parse ({e.message.splitlines()[0]})") from None
     return accumulator.summary()
 
@@ -164,7 +164,7 @@ def pipeline_stats(config, split: str, num_batches: int) -> dict:
         data, batch_size=64, seed=config.seed, process_index=0, process_count=1, split=split
     )
     accumulator = Accumulator(data.max_seq_length, tokenizer)
-    for batch in dataset.take(num_batches).as_numpy_iterator():
+    for batch in pipeline.numpy_batches(dataset.take(num_batches), data, split):
         accumulator.add(batch)
     summary = accumulator.summary()
     if data.source != "tfrecord":

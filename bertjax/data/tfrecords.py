@@ -8,11 +8,23 @@ Each record is a ``tf.train.Example`` with the features of the original ``run_pr
 
 from __future__ import annotations
 
+import contextlib
+import re
+
 import numpy as np
 
 from bertjax.data.instances import DataError
 
 INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids")
+# The config key that sets each feature's length (next_sentence_labels always has 1 value).
+_LENGTH_KEYS = {
+    "input_ids": "max_seq_length",
+    "input_mask": "max_seq_length",
+    "segment_ids": "max_seq_length",
+    "masked_lm_positions": "max_predictions_per_seq",
+    "masked_lm_ids": "max_predictions_per_seq",
+    "masked_lm_weights": "max_predictions_per_seq",
+}
 
 
 def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
@@ -110,8 +122,10 @@ def serialize_rows(features: dict[str, np.ndarray]) -> list[bytes]:
 
 
 def check_tfrecords(data_config, split: str = "train") -> list[str]:
-    """Reads the first record; DataError if its lengths differ from ``config.data``."""
+    """Reads the first record; DataError naming its file unless it has every feature of
+    ``feature_spec`` with the type and length ``config.data`` implies."""
     import tensorflow as tf
+    from google.protobuf.message import DecodeError
 
     from bertjax.data.sources import resolve_files
 
@@ -120,20 +134,28 @@ def check_tfrecords(data_config, split: str = "train") -> list[str]:
     path, first = _first_record(files)
     if first is None:
         raise DataError(f"data.{field}: no records in {files}")
-    example = tf.train.Example.FromString(first)
-    expected = {
-        "input_ids": ("max_seq_length", data_config.max_seq_length),
-        "masked_lm_positions": ("max_predictions_per_seq", data_config.max_predictions_per_seq),
-    }
-    for name, (key, value) in expected.items():
-        if name not in example.features.feature:
+    try:
+        features = tf.train.Example.FromString(first).features.feature
+    except DecodeError:
+        raise DataError(f"{path}: the first record is not a tf.train.Example") from None
+    spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq)
+    for name, feature in spec.items():
+        if name not in features:
             raise DataError(f"{path}: no feature {name!r}; not a BERT pretraining TFRecord")
-        found = len(example.features.feature[name].int64_list.value)
-        if found != value:
-            raise DataError(
-                f"{path}: {name} has {found} values but data.{key}={value}; regenerate "
-                f"the TFRecords or set data.{key}={found}"
+        kind = "float_list" if feature.dtype == tf.float32 else "int64_list"
+        found_kind = features[name].WhichOneof("kind") or "empty"
+        if found_kind != kind:
+            raise DataError(f"{path}: feature {name!r} is {found_kind}, expected {kind}")
+        found, expected = len(getattr(features[name], kind).value), feature.shape[0]
+        if found != expected:
+            key = _LENGTH_KEYS.get(name)
+            fix = (
+                f"regenerate the TFRecords or set data.{key}={found}"
+                if key
+                else "not a BERT pretraining TFRecord"
             )
+            where = f"data.{key}={expected}" if key else f"the original format has {expected}"
+            raise DataError(f"{path}: {name} has {found} values but {where}; {fix}")
     return files
 
 
@@ -152,6 +174,41 @@ def parser(data_config):
     return parse
 
 
+@contextlib.contextmanager
+def _naming_files(data_config, split: str):
+    """A record that cannot be read or parsed (a corrupt or truncated file, a feature of another
+    length or type than the first record's) -> a DataError naming the input files, not a
+    ``tf.errors`` traceback."""
+    import tensorflow as tf
+
+    from bertjax.data.sources import resolve_files
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        field = "input_files" if split == "train" else "eval_input_files"
+        files = resolve_files(getattr(data_config, field), field)
+        raise DataError(f"data.{field} {files}: cannot read a record ({_tf_message(e)})") from None
+
+
+def _tf_message(error) -> str:
+    """A ``tf.errors`` message's first line without the graph node before it and the op after."""
+    message = (error.message or type(error).__name__).splitlines()[0]
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", message)
+    return re.sub(r"\s*\[Op:\w+\].*$", "", message)
+
+
+def named_read_errors(batches, data_config, split: str):
+    """``batches`` (numpy batches of ``tfrecord_dataset``) with errors named (``_naming_files``)."""
+    while True:
+        with _naming_files(data_config, split):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+        yield batch
+
+
 def _first_record(files: list[str]) -> tuple[str, bytes | None]:
     """(file, serialized record) of the first record in ``files`` (None if all are empty)."""
     import tensorflow as tf
@@ -161,7 +218,7 @@ def _first_record(files: list[str]) -> tuple[str, bytes | None]:
             for record in tf.data.TFRecordDataset(path).take(1):
                 return path, record.numpy()
         except tf.errors.OpError as e:
-            raise DataError(f"{path}: not a readable TFRecord file ({e.message})") from None
+            raise DataError(f"{path}: not a readable TFRecord file ({_tf_message(e)})") from None
     return files[-1], None
 
 
@@ -221,13 +278,15 @@ def tfrecord_dataset(
     files = check_tfrecords(data_config, split)
     parse = parser(data_config)
     if split == "train":
-        records = host_records(files, process_index, process_count, repeat=True)
+        with _naming_files(data_config, split):  # host_records may count the records
+            records = host_records(files, process_index, process_count, repeat=True)
         records = records.shuffle(data_config.shuffle_buffer, seed=seed)
         batches = records.batch(batch_size, drop_remainder=True).skip(start_batch)
         return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
     # Eval: every host counts every host's share so that all yield the same number of batches.
     shares = [host_records(files, h, process_count, repeat=False) for h in range(process_count)]
-    num_batches = max(1, -(-max(sum(1 for _ in share) for share in shares) // batch_size))
+    with _naming_files(data_config, split):
+        num_batches = max(1, -(-max(sum(1 for _ in share) for share in shares) // batch_size))
     records = shares[process_index]
     # Pad rows reuse a real record's bytes (an empty Example fails FixedLenFeature) with weight 0.
     filler = tf.constant(_first_record(files)[1])

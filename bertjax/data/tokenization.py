@@ -82,12 +82,23 @@ class TokenizerError(ValueError):
     """A vocabulary or tokenizer model that cannot be used; the message names the file."""
 
 
+def _read_bytes(path: str, what: str) -> bytes:
+    """The bytes of ``path`` (local or ``tf.io.gfile``); TokenizerError naming it if unreadable."""
+    try:
+        if not tf.io.gfile.exists(path):
+            raise TokenizerError(f"{what} {path}: not found")
+        if tf.io.gfile.isdir(path):
+            raise TokenizerError(f"{what} {path}: a directory, expected a file")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    except tf.errors.OpError as e:
+        message = (e.message or type(e).__name__).splitlines()[0]
+        raise TokenizerError(f"{what} {path}: cannot read ({message})") from None
+
+
 def read_vocab(vocab_file: str) -> list[str]:
     """Reads a ``vocab.txt`` (one token per line, id = line number); clear errors for bad files."""
-    if not tf.io.gfile.exists(vocab_file):
-        raise TokenizerError(f"vocab file {vocab_file}: not found")
-    with tf.io.gfile.GFile(vocab_file, "rb") as f:
-        data = f.read()
+    data = _read_bytes(vocab_file, "vocab file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -104,12 +115,19 @@ def read_vocab(vocab_file: str) -> list[str]:
     for i, token in enumerate(vocab):
         if not token:
             raise TokenizerError(f"vocab file {vocab_file}: line {i + 1} is empty")
+        if "\x00" in token:  # tf-text's trie cannot hold it (and text never contains it)
+            raise TokenizerError(f"vocab file {vocab_file}: line {i + 1} has a NUL character")
         if token in seen:
             raise TokenizerError(
                 f"vocab file {vocab_file}: token {token!r} on lines {seen[token] + 1} and {i + 1}"
             )
         seen[token] = i
     return vocab
+
+
+def _first_line(error: Exception, limit: int = 160) -> str:
+    line = (str(error) or type(error).__name__).splitlines()[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _special_ids(vocab: list[str], source: str) -> dict[str, int]:
@@ -212,9 +230,14 @@ class WordPieceTokenizer(_SpecialTokensMixin):
         self.do_lower_case = bool(do_lower_case)
         self.vocab = read_vocab(vocab_file)
         self._init_specials(vocab_file)
-        self._wordpiece = self._fast_wordpiece(_MAX_BYTES_PER_WORD, no_pretokenization=True)
-        # ASCII rows only: there a byte is a character, so the byte limit is the reference's.
-        self._plain_ascii = self._fast_wordpiece(MAX_CHARS_PER_WORD, no_pretokenization=False)
+        try:
+            self._wordpiece = self._fast_wordpiece(_MAX_BYTES_PER_WORD, no_pretokenization=True)
+            # ASCII rows only: there a byte is a character, so the byte limit is the reference's.
+            self._plain_ascii = self._fast_wordpiece(MAX_CHARS_PER_WORD, no_pretokenization=False)
+        except RuntimeError as e:  # tf-text's model builder: e.g. a token over 256 bytes
+            raise TokenizerError(
+                f"vocab file {vocab_file}: cannot build the WordPiece model ({_first_line(e)})"
+            ) from None
 
     def _fast_wordpiece(self, max_bytes_per_word, no_pretokenization):
         return tf_text.FastWordpieceTokenizer(
@@ -316,10 +339,7 @@ class SentencePieceTokenizer(_SpecialTokensMixin):
     def __init__(self, vocab_file: str, do_lower_case: bool = False):
         self.vocab_file = vocab_file
         self.do_lower_case = bool(do_lower_case)
-        if not tf.io.gfile.exists(vocab_file):
-            raise TokenizerError(f"sentencepiece model {vocab_file}: not found")
-        with tf.io.gfile.GFile(vocab_file, "rb") as f:
-            model = f.read()
+        model = _read_bytes(vocab_file, "sentencepiece model")
         import sentencepiece as spm  # only to validate the file and read its pieces
 
         processor = spm.SentencePieceProcessor()

@@ -129,6 +129,12 @@ class GlueTask(Task):
         is_test = split.startswith("test")
         header, rows = read_tsv(path, has_header=is_test or self.spec.train_header)
         width = len(header) if header is not None else 4  # CoLA train/dev: 4 columns, no header
+        if width < self._columns_needed(is_test):
+            raise FinetuneInputError(
+                f"{path}: the header has {width} tab-separated columns, a {self.name} "
+                f"{'test' if is_test else 'train/dev'} file has at least "
+                f"{self._columns_needed(is_test)}"
+            )
         examples = []
         for line, row in rows:
             where = f"{path}:{line}"
@@ -142,6 +148,16 @@ class GlueTask(Task):
                 )
             examples.append(self._example(row, where, f"{split}-{line}", is_test))
         return examples
+
+    def _columns_needed(self, is_test: bool) -> int:
+        """How many columns the spec's indices reach (a negative index counts from the end)."""
+        spec = self.spec
+        used = (
+            (0, spec.test_text_a, spec.test_text_b)
+            if is_test
+            else (spec.text_a, spec.text_b, spec.label)
+        )
+        return max(i + 1 if i >= 0 else -i for i in used if i is not None)
 
     def _example(self, row: list[str], where: str, guid: str, is_test: bool) -> Example:
         spec = self.spec

@@ -123,6 +123,11 @@ class Data:
         self.examples, self.features = {}, {}
         for split in splits:
             examples = task.read(config.data_dir, split)
+            if not examples:  # caught here, before a model is built or the workdir written
+                raise FinetuneInputError(
+                    f"{task.split_path(config.data_dir, split)}: no examples in the "
+                    f"{split} split (an empty file, or only a header?)"
+                )
             self.examples[split] = examples
             self.features[split] = task.featurize(examples, tokenizer, config)
             print(

@@ -137,10 +137,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc."""
     from flax.metrics import tensorboard
 
-    os.makedirs(workdir, exist_ok=True)
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
+    os.makedirs(workdir, exist_ok=True)  # after reading: bad data leaves no trace in the workdir
     model = build_model(task, bert_config)
     runner = Runner(task, model, config)
     train_features = data.features[task.train_split]

@@ -15,6 +15,7 @@ Predictions are written as ``{split}_predictions.txt`` in conlleval's input form
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 
 import numpy as np
@@ -27,6 +28,7 @@ from bertjax.finetune.tasks import (
     count,
     label_index,
     pack,
+    read_text,
     stack,
     write_text_atomically,
 )
@@ -64,10 +66,8 @@ class NerTask(Task):
 
     def read(self, data_dir: str, split: str) -> list[Sentence]:
         path = self.split_path(data_dir, split)
-        if not os.path.exists(path):
-            raise FinetuneInputError(f"{path}: file not found")
         sentences, words, labels, start, width = [], [], [], 0, None
-        with open(path, encoding="utf-8") as f:
+        with io.StringIO(read_text(path), newline=None) as f:  # universal newlines, as open()
             for line_number, line in enumerate(f, 1):
                 fields = line.split()
                 if not fields or fields[0] == "-DOCSTART-":

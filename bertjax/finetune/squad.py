@@ -40,6 +40,7 @@ from bertjax.finetune.tasks import (
     FinetuneInputError,
     Task,
     count,
+    read_text,
     stack,
     write_text_atomically,
 )
@@ -80,15 +81,33 @@ def split_on_whitespace(text: str) -> tuple[list[str], list[int]]:
     return words, char_to_word
 
 
-def _answer_span(qa, context, char_to_word, words, where):
-    """(start word, end word, text) of the first answer, after checking answer_start."""
-    answer = qa["answers"][0]
-    text, start = answer["text"], answer["answer_start"]
-    if not isinstance(start, int) or context[start : start + len(text)] != text:
-        found = context[start : start + len(text)] if isinstance(start, int) else start
+def _field(node, key: str, kind: type, where: str):
+    """``node[key]`` checked to be a ``kind`` (``int``: not a bool); FinetuneInputError naming
+    ``where`` otherwise."""
+    if not isinstance(node, dict):
+        raise FinetuneInputError(f"{where}: expected a JSON object, got {_short(node)}")
+    expected = {list: "a list", str: "a string", int: "an integer"}[kind]
+    if key not in node:
+        raise FinetuneInputError(f"{where}: no {key!r} field, expected {expected}")
+    value = node[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise FinetuneInputError(f"{where}: {key!r} is {_short(value)}, expected {expected}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)  # one line: repr escapes line breaks
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _answer_span(answer, context, char_to_word, where):
+    """(start word, end word, text) of ``answer``, after checking its answer_start."""
+    text = _field(answer, "text", str, where)
+    start = _field(answer, "answer_start", int, where)
+    if not text or start < 0 or context[start : start + len(text)] != text:
         raise FinetuneInputError(
-            f"{where}: answer_start {start!r} does not point at the answer "
-            f"{text!r} (the context has {found!r} there)"
+            f"{where}: answer_start {start} does not point at the answer "
+            f"{_short(text)} (the context has {_short(context[start : start + len(text)])} there)"
         )
     first, last = char_to_word[start], char_to_word[start + len(text) - 1]
     return first, last, text
@@ -112,44 +131,45 @@ class SquadTask(Task):
 
     def read(self, data_dir: str, split: str) -> list[SquadExample]:
         path = self.split_path(data_dir, split)
-        if not os.path.exists(path):
-            raise FinetuneInputError(f"{path}: file not found")
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)["data"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            document = json.loads(read_text(path))
+        except json.JSONDecodeError as e:
             raise FinetuneInputError(f"{path}: not a SQuAD JSON file ({e})") from None
         examples = []
-        for article in data:
-            for paragraph in article["paragraphs"]:
-                words, char_to_word = split_on_whitespace(paragraph["context"])
-                for qa in paragraph["qas"]:
-                    example = self._example(
-                        qa,
-                        paragraph["context"],
-                        words,
-                        char_to_word,
-                        f"{path}: question {qa.get('id')!r}",
-                        split,
-                    )
+        for a, article in enumerate(_field(document, "data", list, path)):
+            paragraphs = _field(article, "paragraphs", list, f"{path}: data[{a}]")
+            for p, paragraph in enumerate(paragraphs):
+                where = f"{path}: data[{a}].paragraphs[{p}]"
+                context = _field(paragraph, "context", str, where)
+                words, char_to_word = split_on_whitespace(context)
+                for q, qa in enumerate(_field(paragraph, "qas", list, where)):
+                    qas_id = _field(qa, "id", str, f"{where}.qas[{q}]")
+                    where_qa = f"{path}: question {_short(qas_id)}"
+                    example = self._example(qa, context, words, char_to_word, where_qa, split)
                     if example is not None:
                         examples.append(example)
         return examples
 
     def _example(self, qa, context, words, char_to_word, where, split):
-        impossible = bool(qa.get("is_impossible", False)) and self.is_v2
-        answers = [] if impossible else [a["text"] for a in qa.get("answers", [])]
-        example = SquadExample(qa["id"], qa["question"], words, answers, is_impossible=impossible)
-        if split != "train" or impossible:
-            if split != "train" and answers:
-                _answer_span(qa, context, char_to_word, words, where)  # validate offsets
-            return example
-        if len(qa.get("answers", [])) != 1:
+        question = _field(qa, "question", str, where)
+        answers = _field(qa, "answers", list, where) if "answers" in qa else []
+        impossible = qa.get("is_impossible", False)
+        if not isinstance(impossible, bool):
             raise FinetuneInputError(
-                f"{where}: a training question needs exactly 1 answer, "
-                f"got {len(qa.get('answers', []))}"
+                f"{where}: 'is_impossible' is {_short(impossible)}, expected true or false"
             )
-        first, last, text = _answer_span(qa, context, char_to_word, words, where)
+        impossible = impossible and self.is_v2
+        texts = [] if impossible else [_field(a, "text", str, where) for a in answers]
+        example = SquadExample(qa["id"], question, words, texts, is_impossible=impossible)
+        if split != "train" or impossible:
+            if split != "train" and texts:
+                _answer_span(answers[0], context, char_to_word, where)  # validate offsets
+            return example
+        if len(answers) != 1:
+            raise FinetuneInputError(
+                f"{where}: a training question needs exactly 1 answer, got {len(answers)}"
+            )
+        first, last, text = _answer_span(answers[0], context, char_to_word, where)
         if " ".join(words[first : last + 1]).find(" ".join(text.split())) == -1:
             count(self.skipped, f"{split}: answer not recoverable from whitespace tokens")
             return None

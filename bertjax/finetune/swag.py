@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 
 import numpy as np
@@ -21,6 +22,7 @@ from bertjax.finetune.tasks import (
     FinetuneInputError,
     Task,
     pack,
+    read_text,
     truncate_pair,
     write_text_atomically,
 )
@@ -55,9 +57,7 @@ class SwagTask(Task):
 
     def read(self, data_dir: str, split: str) -> list[SwagExample]:
         path = self.split_path(data_dir, split)
-        if not os.path.exists(path):
-            raise FinetuneInputError(f"{path}: file not found")
-        with open(path, encoding="utf-8", newline="") as f:
+        with io.StringIO(read_text(path), newline="") as f:  # as open(newline=""), for csv
             reader = csv.DictReader(f)
             needed = _COLUMNS + (("label",) if split != "test" else ())
             missing = [c for c in needed if c not in (reader.fieldnames or [])]

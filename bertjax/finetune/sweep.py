@@ -31,10 +31,10 @@ def _table(rows: list[dict], metric: str, best: int) -> str:
 
 def sweep(config, workdir: str) -> dict:
     """Runs the grid; returns {"rows": [...], "best": index}."""
-    os.makedirs(workdir, exist_ok=True)
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
+    os.makedirs(workdir, exist_ok=True)  # after reading: bad data leaves no trace in the workdir
     model = step_lib.build_model(task, bert_config)
     runner = step_lib.Runner(task, model, config)
     train_features = data.features[task.train_split]

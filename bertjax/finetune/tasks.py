@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -74,6 +75,18 @@ def load_tokenizer(vocab_file: str, do_lower_case: bool):
     return tokenization.WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
 
 
+def read_text(path: str) -> str:
+    """A task file's text; FinetuneInputError naming it when it is missing or not UTF-8."""
+    if not os.path.isfile(path):
+        raise FinetuneInputError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FinetuneInputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+
+
 def read_tsv(
     path: str, *, has_header: bool
 ) -> tuple[list[str] | None, list[tuple[int, list[str]]]]:
@@ -81,11 +94,9 @@ def read_tsv(
 
     Returns the header (or None) and ``(line_number, columns)`` rows, 1-based line numbers.
     """
-    if not os.path.exists(path):
-        raise FinetuneInputError(f"{path}: file not found")
     csv.field_size_limit(sys.maxsize)
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = [(i + 1, row) for i, row in enumerate(csv.reader(f, delimiter="\t", quotechar=None))]
+    lines = io.StringIO(read_text(path), newline="")  # as open(newline=""): csv splits the lines
+    rows = [(i + 1, row) for i, row in enumerate(csv.reader(lines, delimiter="\t", quotechar=None))]
     rows = [(n, row) for n, row in rows if row]
     if has_header:
         if not rows:

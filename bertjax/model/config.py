@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
@@ -60,7 +61,11 @@ class BertConfig:
         def check(cond, field, expected):
             if not cond:
                 value = getattr(self, field)
-                raise ValueError(f"BertConfig.{field}={value!r}: expected {expected}")
+                raise ValueError(f"BertConfig.{field}={value!r:.60}: expected {expected}")
+
+        def number(value) -> bool:  # JSON may hold anything; compare only finite numbers
+            is_real = isinstance(value, int | float) and not isinstance(value, bool)
+            return is_real and math.isfinite(value)
 
         for field in (
             "vocab_size",
@@ -71,20 +76,20 @@ class BertConfig:
             "max_position_embeddings",
             "type_vocab_size",
         ):
-            check(
-                isinstance(getattr(self, field), int) and getattr(self, field) > 0,
-                field,
-                "a positive integer",
-            )
+            value = getattr(self, field)
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            check(is_int and value > 0, field, "a positive integer")
         check(
             self.hidden_size % self.num_heads == 0,
             "hidden_size",
             f"a multiple of num_heads={self.num_heads}",
         )
-        check(0.0 <= self.hidden_dropout_rate < 1.0, "hidden_dropout_rate", "a rate in [0, 1)")
-        check(
-            0.0 <= self.attention_dropout_rate < 1.0, "attention_dropout_rate", "a rate in [0, 1)"
-        )
+        for field in ("hidden_dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, field)
+            check(number(value) and 0.0 <= value < 1.0, field, "a rate in [0, 1)")
+        for field in ("initializer_range", "layer_norm_eps"):
+            value = getattr(self, field)
+            check(number(value) and value >= 0.0, field, "a non-negative number")
         check(self.hidden_act in ACTIVATIONS, "hidden_act", f"one of {ACTIVATIONS}")
         check(self.attention in ATTENTION_KINDS, "attention", f"one of {ATTENTION_KINDS}")
         check(self.remat_policy in REMAT_POLICIES, "remat_policy", f"one of {REMAT_POLICIES}")
@@ -92,6 +97,7 @@ class BertConfig:
         check(self.dtype in DTYPES, "dtype", f"one of {DTYPES}")
         check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
         check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
+        check(isinstance(self.scan_layers, bool), "scan_layers", "a bool")
 
     @property
     def head_dim(self) -> int:
@@ -110,6 +116,10 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> BertConfig:
+        """``values`` (e.g. a parsed ``bert_config.json``) -> BertConfig; a ValueError whose one
+        line names ``source`` for anything that is not a valid config."""
+        if not isinstance(values, dict):
+            raise ValueError(f"{source}: expected BertConfig fields, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in values.items() if k not in RETIRED_FIELDS}
         unknown = sorted(set(values) - known)
@@ -117,7 +127,10 @@ class BertConfig:
             raise ValueError(
                 f"{source}: unknown BertConfig fields {unknown}; known: {sorted(known)}"
             )
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
 
     def replace(self, **changes) -> BertConfig:
         return dataclasses.replace(self, **changes)

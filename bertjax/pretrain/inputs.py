@@ -189,4 +189,4 @@ def host_batches(config, bert_config, *, split: str, batch_size: int, start_batc
         split=split,
         start_batch=start_batch,
     )
-    return dataset.as_numpy_iterator()
+    return pipeline.numpy_batches(dataset, config.data, split)

@@ -147,29 +147,73 @@ def load_params(path: str | os.PathLike, *, scan_layers: bool = False):
     for name in (META_FILE, CONFIG_FILE, VOCAB_FILE, PARAMS_DIR):
         if not (src / name).exists():
             raise CheckpointError(f"{src}: not a bertjax checkpoint, {name} is missing")
-    meta = json.loads((src / META_FILE).read_text())
-    if meta.get("format_version") not in (1, FORMAT_VERSION):
-        raise CheckpointError(
-            f"{src / META_FILE}: format_version {meta.get('format_version')!r}, "
-            f"this bertjax reads 1-{FORMAT_VERSION}"
-        )
+    meta = read_meta(src / META_FILE)
     if meta["format_version"] == 1:
         print(f"{src}: written before checkpoints had manifests: read unverified", flush=True)
     else:
         checkpoint_manifest.verify(src)  # CheckpointCorrupt: one line naming the file
-    try:
-        bert_config = BertConfig.from_dict(
-            json.loads((src / CONFIG_FILE).read_text()), source=str(src / CONFIG_FILE)
-        )
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{src / CONFIG_FILE}: {e}") from None
+    heads = meta.get("heads", [])
+    if not isinstance(heads, list) or not all(isinstance(h, str) for h in heads):
+        raise CheckpointError(f"{src / META_FILE}: heads={heads!r:.60}, expected a list of names")
+    bert_config = read_bert_config(src / CONFIG_FILE)
     params = ocp.PyTreeCheckpointer().restore(
         (src / PARAMS_DIR).resolve() if not str(src).startswith("gs://") else src / PARAMS_DIR
     )
     params = jax.tree.map(np.asarray, params)
+    layers = sorted(params.get("encoder", {}).get("layers", {}))
+    if layers != sorted(f"layer_{i}" for i in range(bert_config.num_layers)):
+        raise CheckpointError(
+            f"{src / CONFIG_FILE}: num_layers={bert_config.num_layers}, but {src / PARAMS_DIR} "
+            f"has {len(layers)} encoder layers"
+        )
     if scan_layers:
         params = {**params, "encoder": stack_layers(params["encoder"], bert_config.num_layers)}
     return params, bert_config.replace(scan_layers=scan_layers), meta
+
+
+def _read_json(path: epath.Path) -> dict:
+    """A JSON object; CheckpointError naming ``path`` if it is not UTF-8 JSON or not an object."""
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError, json.JSONDecodeError
+        raise CheckpointError(f"{path}: not a JSON file ({e})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_meta(path: epath.Path) -> dict:
+    """``bertjax_checkpoint.json`` / ``bertjax_workdir.json``: the format version is checked, and
+    ``do_lower_case`` must be a bool (``bool("false")`` would silently be True)."""
+    meta = _read_json(path)
+    if meta.get("format_version") not in (1, FORMAT_VERSION) or isinstance(
+        meta.get("format_version"), bool
+    ):
+        raise CheckpointError(
+            f"{path}: format_version {meta.get('format_version')!r:.40}, "
+            f"this bertjax reads 1-{FORMAT_VERSION}"
+        )
+    if not isinstance(meta.get("do_lower_case"), bool):
+        raise CheckpointError(
+            f"{path}: do_lower_case={meta.get('do_lower_case')!r:.40}, expected true or false"
+        )
+    vocab = meta.get("vocab")
+    if meta["format_version"] >= 2 and not (
+        isinstance(vocab, dict)
+        and isinstance(vocab.get("entries"), int)
+        and isinstance(vocab.get("sha256"), str)
+    ):
+        raise CheckpointError(f"{path}: vocab={vocab!r:.60}, expected its entries and sha256")
+    return meta
+
+
+def read_bert_config(path: epath.Path) -> BertConfig:
+    try:
+        return BertConfig.from_dict(_read_json(path), source=str(path))
+    except CheckpointError:
+        raise
+    except ValueError as e:  # from_dict's message names the file
+        raise CheckpointError(str(e)) from None
 
 
 def _rmtree(path: epath.Path) -> None:

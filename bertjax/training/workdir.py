@@ -43,6 +43,8 @@ from bertjax.training.checkpoint import (
     VOCAB_FILE,
     CheckpointError,
     compare_vocab,
+    read_bert_config,
+    read_meta,
     vocab_fingerprint,
     write_text_atomically,
 )
@@ -60,16 +62,10 @@ def read_record(workdir) -> dict | None:
     root = epath.Path(workdir)
     if not (root / META_FILE).exists():
         return None
-    try:
-        meta = json.loads((root / META_FILE).read_text())
-        bert_config = BertConfig.from_dict(
-            json.loads((root / CONFIG_FILE).read_text()), source=str(root / CONFIG_FILE)
-        )
-    except (OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{root}: unreadable run record ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format_version") not in (1, FORMAT_VERSION):
-        raise CheckpointError(f"{root / META_FILE}: not a bertjax workdir record of format 1-2")
-    return {**meta, "bert_config": bert_config}
+    if not (root / CONFIG_FILE).exists():
+        raise CheckpointError(f"{root}: a run record without {CONFIG_FILE}")
+    meta = read_meta(root / META_FILE)  # CheckpointError naming the file
+    return {**meta, "bert_config": read_bert_config(root / CONFIG_FILE)}
 
 
 def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_vocab_change: bool):

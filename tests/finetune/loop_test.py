@@ -183,6 +183,31 @@ def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
     )
 
 
+def test_cli_header_only_dev_file_fails_before_training(testdata, tiny_checkpoint, tmp_path):
+    """All splits are read before the model is built: an empty dev split is one line on stderr
+    and the workdir is never created (no predictions/ or tensorboard/ from a wasted run)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_bytes((testdata / "finetune/mrpc/train.tsv").read_bytes())
+    header = (testdata / "finetune/mrpc/dev.tsv").read_text().splitlines()[0]
+    (data / "dev.tsv").write_text(header + "\n")
+    workdir = tmp_path / "out"
+    result = _cli(
+        "finetune_glue.py",
+        "--config.task=mrpc",
+        f"--config.data_dir={data}",
+        f"--config.init_checkpoint={tiny_checkpoint}",
+        f"--workdir={workdir}",
+        *_SMALL,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"finetune: error: {data}/dev.tsv: no examples in the dev split "
+        "(an empty file, or only a header?)"
+    ]
+    assert not workdir.exists()
+
+
 # Small-run flags for the CLI: tiny sequences, no dropout (plumbing, not learning).
 _SMALL = (
     "--config.max_seq_length=48",

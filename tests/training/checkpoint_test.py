@@ -16,7 +16,8 @@ CONFIG = BertConfig(vocab_size=7633, hidden_size=8, num_layers=1, num_heads=2,
 
 def _params():
     rng = np.random.default_rng(0)
-    return {"encoder": {"w": rng.normal(size=(4, 8)).astype(np.float32)}, "nsp": {"b": np.ones(2)}}
+    encoder = {"w": rng.normal(size=(4, 8)).astype(np.float32), "layers": {"layer_0": {"b": 1.0}}}
+    return {"encoder": encoder, "nsp": {"b": np.ones(2)}}
 
 
 def test_round_trip_is_sealed_and_records_the_vocab(tmp_path):
