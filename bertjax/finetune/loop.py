@@ -5,6 +5,7 @@
 * ``train``: fine-tune on the train split, evaluate every dev split, write into ``workdir``::
 
       eval_results.json        {"task", "dev": {split: metrics}, "skipped": {...}, "hparams"}
+                               (written last: its presence means every output is complete)
       predictions/             dev predictions + test predictions in each benchmark's format
       tensorboard/             train loss and learning rate, dev metrics
       checkpoint/              the fine-tuned params (params-only layout of
@@ -29,8 +30,11 @@ metrics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
 import time
 
 import jax
@@ -133,6 +137,29 @@ def save(workdir, params, bert_config, vocab_file, lower) -> str:
     return path
 
 
+@contextlib.contextmanager
+def staged_outputs(workdir: str):
+    """A temporary directory in ``workdir`` to write the run's outputs into; on success each
+    entry is renamed into ``workdir`` (``eval_results.json`` last), on any failure the whole
+    stage is removed and a write error is one line: nothing partial is left behind."""
+    stage = tempfile.mkdtemp(prefix=".outputs.tmp-", dir=workdir)
+    try:
+        yield stage
+        names = sorted(os.listdir(stage), key=lambda name: name == "eval_results.json")
+        for name in names:
+            target = os.path.join(workdir, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(stage, name), target)
+    except (OSError, checkpoint.CheckpointError) as e:
+        raise checkpoint.CheckpointError(
+            f"writing the outputs into {workdir} failed ({type(e).__name__}: {e}); "
+            "nothing was written"
+        ) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
     """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc."""
     from flax.metrics import tensorboard
@@ -156,15 +183,24 @@ def train_and_evaluate(config, workdir: str) -> dict:
         seed=config.seed,
         writer=writer,
     )
-    out_dir = os.path.join(workdir, "predictions")
-    dev = evaluate_and_write(runner, task, params, data, task.dev_splits, out_dir)
-    evaluate_and_write(runner, task, params, data, test_splits, out_dir, with_labels=False)
+    with staged_outputs(workdir) as stage:  # checkpoint, predictions, then eval_results.json
+        save(stage, params, bert_config, vocab_file, lower)
+        out_dir = os.path.join(stage, "predictions")
+        dev = evaluate_and_write(runner, task, params, data, task.dev_splits, out_dir)
+        evaluate_and_write(runner, task, params, data, test_splits, out_dir, with_labels=False)
+        results = _results(config, task, data, dev, final_loss)
+        write_json(os.path.join(stage, "eval_results.json"), results)
     for split, values in dev.items():
         for name, value in values.items():
             if isinstance(value, int | float):
                 writer.scalar(f"{split}/{name}", value, 0)
     writer.flush()
-    results = {
+    return results
+
+
+def _results(config, task, data, dev: dict, final_loss: float) -> dict:
+    """What ``eval_results.json`` holds."""
+    return {
         "task": task.name,
         "dev": dev,
         "final_train_loss": final_loss,
@@ -176,9 +212,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
             "seed": config.seed,
         },
     }
-    write_json(os.path.join(workdir, "eval_results.json"), results)
-    save(workdir, params, bert_config, vocab_file, lower)
-    return results
 
 
 def predict(config, workdir: str) -> list[str]:

@@ -72,10 +72,6 @@ def sweep(config, workdir: str) -> dict:
             if best < 0 or score > rows[best]["score"]:
                 best, best_params = len(rows) - 1, params
             rows[-1]["score"] = score
-    out_dir = os.path.join(workdir, "predictions")
-    T.evaluate_and_write(runner, task, best_params, data, task.dev_splits, out_dir)
-    T.evaluate_and_write(runner, task, best_params, data, test_splits, out_dir, with_labels=False)
-    T.save(workdir, best_params, bert_config, vocab_file, lower)
     result = {
         "task": task.name,
         "primary_metric": task.primary_metric,
@@ -84,8 +80,15 @@ def sweep(config, workdir: str) -> dict:
         "batch_size": config.batch_size,
         "num_train_epochs": config.num_train_epochs,
     }
-    T.write_json(os.path.join(workdir, "sweep_results.json"), result)
-    tasks.write_text_atomically(
-        os.path.join(workdir, "sweep_results.md"), _table(rows, task.primary_metric, best)
-    )
+    with T.staged_outputs(workdir) as stage:  # all or nothing, the tables last
+        T.save(stage, best_params, bert_config, vocab_file, lower)
+        out_dir = os.path.join(stage, "predictions")
+        T.evaluate_and_write(runner, task, best_params, data, task.dev_splits, out_dir)
+        T.evaluate_and_write(
+            runner, task, best_params, data, test_splits, out_dir, with_labels=False
+        )
+        T.write_json(os.path.join(stage, "sweep_results.json"), result)
+        tasks.write_text_atomically(
+            os.path.join(stage, "sweep_results.md"), _table(rows, task.primary_metric, best)
+        )
     return result

@@ -105,6 +105,7 @@ def save_params(
     ):
         params = {**params, "encoder": unstack_layers(params["encoder"], bert_config.num_layers)}
     tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    _check_space(dst, params, vocab_file)
     try:
         tmp.mkdir(parents=True)
         (tmp / META_FILE).write_text(
@@ -129,12 +130,30 @@ def save_params(
         if dst.exists():
             _rmtree(dst)
         tmp.rename(dst)
-    except OSError as e:  # a full disk, a lost connection: one line, nothing left at dst
-        raise CheckpointError(f"writing {dst} failed ({type(e).__name__}: {e})") from None
+    except (OSError, ValueError) as e:  # a full disk, a lost connection (tensorstore raises
+        # ValueError): one line, nothing left at dst
+        reason = (str(e).splitlines() or [""])[0][:300]
+        raise CheckpointError(f"writing {dst} failed ({type(e).__name__}: {reason})") from None
     finally:
         if tmp.exists():
             _rmtree(tmp)
     return dst
+
+
+def _check_space(dst: epath.Path, params, vocab_file) -> None:
+    """A local destination must have room for the checkpoint before anything is written: orbax
+    would otherwise fail half way, with pages of tracebacks from its background threads."""
+    if str(dst).startswith("gs://"):
+        return
+    needed = 1.05 * sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+    needed += os.path.getsize(vocab_file) if os.path.exists(vocab_file) else 0
+    existing = next(p for p in (dst, *dst.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise CheckpointError(
+            f"writing {dst} needs about {needed / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free "
+            f"in {existing}; nothing was written"
+        )
 
 
 def load_params(path: str | os.PathLike, *, scan_layers: bool = False):

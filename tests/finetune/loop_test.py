@@ -296,3 +296,33 @@ def test_cli_squad_v2_end_to_end(testdata, tiny_checkpoint, tmp_path):
     at_best = official_v2(dataset, again, {q: 0.0 for q in qids})
     assert reported["best_f1_thresh_f1"] == pytest.approx(at_best["f1"])
     assert reported["best_f1_thresh_exact"] == pytest.approx(at_best["exact"])
+
+
+def test_full_disk_is_one_line_and_leaves_no_partial_outputs(testdata, tiny_checkpoint, tmp_path):
+    """The fine-tuned checkpoint cannot fit: one line, and none of the outputs (checkpoint,
+    predictions, eval_results.json) nor their staging directory is left in the workdir."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        result = _cli(
+            "finetune_glue.py",
+            "--config.task=stsb",
+            f"--config.data_dir={testdata / 'finetune/stsb'}",
+            f"--config.init_checkpoint={tiny_checkpoint}",
+            f"--workdir={disk}/run",
+            *_SMALL,
+        )
+        assert result.returncode == 1, result.stderr[-3000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("finetune: error: writing the outputs "), (
+            lines
+        )
+        assert "nothing was written" in lines[0]
+        assert sorted(p.name for p in (disk / "run").iterdir()) == ["tensorboard"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
