@@ -1,9 +1,11 @@
-"""BERT-LARGE as in the paper: L=24, H=1024, A=16; otherwise identical to ``bert_base.py``.
+"""BERT-LARGE as in the paper: L=24, H=1024, A=16; otherwise identical to ``bert_base.py``
+(bf16 compute, fp32 params, the fused attention kernel on TPU, data-parallel mesh).
 
-On TPU use bf16 compute and remat, e.g. ``--config.model.dtype=bfloat16
---config.model.remat_policy=dots``; FSDP over a pod slice with ``--config.mesh.shape=-1,8,1``.
+Check a slice first (on any machine with libtpu), then train:
 
-    python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/bert_large
+    python -m bertjax.compile --config=configs/large.py --topology=v5litepod-16
+    python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/bert_large \
+        --config.data.source=tfrecord --config.data.input_files='gs://BUCKET/tfrecords/*'
 """
 
 import pathlib

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Python >= 3.11 and bertjax (with its `tpu` extra) on every worker of a TPU VM slice.
+# Installs Python >= 3.11 and bertjax (extras `tpu` and `gcs`) on every worker of a TPU VM slice.
 # create_tpu_vm.sh runs it once the slice is ACTIVE; rerun it alone to ship new code.
 #
 #   TPU_NAME=bert-pod ZONE=us-central2-b bash launch/setup_tpu_vm.sh
@@ -15,7 +15,8 @@
 #
 # On each worker: uv (pip-installed into ~/.local, or its installer when pip is missing) makes
 # ~/bertjax-venv with Python PYTHON_VERSION (uv downloads a standalone build), then
-# `uv pip install -e ~/bertjax[tpu]`. Rerunning replaces ~/bertjax and reuses the venv.
+# `uv pip install -e ~/bertjax[tpu,gcs]` (gcs: the workdir lease on gs://). Rerunning replaces
+# ~/bertjax and reuses the venv.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
 handle_help "$@"
@@ -55,7 +56,7 @@ remote+="; if ! command -v uv >/dev/null; then python3 -m pip install --user --q
 remote+=" || curl -LsSf https://astral.sh/uv/install.sh | sh; fi"
 remote+="; if ! $python -c 'import sys; sys.exit(sys.version_info[:2] != $wanted)' 2>/dev/null"
 remote+="; then rm -rf $REMOTE_VENV; uv venv --quiet --python $PYTHON_VERSION $REMOTE_VENV; fi"
-remote+="; uv pip install --quiet --python $python -e \"${REMOTE_SRC}[tpu]\""
+remote+="; uv pip install --quiet --python $python -e \"${REMOTE_SRC}[tpu,gcs]\""
 remote+="; $python -c 'import platform, jax, bertjax; print(platform.node(), \"python\","
 remote+=" platform.python_version(), \"jax\", jax.__version__, \"bertjax ready\")'"
 gcloud_zone compute tpus tpu-vm ssh "$TPU_NAME" --worker=all --command="$remote"

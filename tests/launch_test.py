@@ -241,7 +241,7 @@ def test_create_single_host_ships_the_checkout_and_installs_with_uv(tmp_path, ch
     pip_install = ["pip", "install", "--quiet", "--python", f"{venv}/bin/python"]
     assert _records(home / "uv.jsonl") == [
         ["venv", "--quiet", "--python", "3.11", venv],
-        [*pip_install, "-e", f"{home}/bertjax[tpu]"],
+        [*pip_install, "-e", f"{home}/bertjax[tpu,gcs]"],
     ]
     assert "w0 python 3.11.9 jax 0.10.2 bertjax ready" in result.stdout
 
@@ -274,7 +274,7 @@ def test_create_multi_host_spot_clones_the_git_ref_on_every_worker(tmp_path):
     assert "--worker=all" in argvs[-1]
     for home in launch.homes:
         assert (home / "bertjax" / "setup.cfg").read_text() == "# v1\n"
-        assert _records(home / "uv.jsonl")[1][-1] == f"{home}/bertjax[tpu]"
+        assert _records(home / "uv.jsonl")[1][-1] == f"{home}/bertjax[tpu,gcs]"
 
 
 def test_best_effort_goes_through_the_alpha_track(tmp_path, checkout):
