@@ -1,6 +1,7 @@
 """What every ``python -m bertjax.<command>`` shares, written once: absl flags, no positional
 arguments, and bad input reported as one line ``<command>: error: <message>`` on stderr with exit
-status 1, never a traceback. A command's tail is::
+status 1, never a traceback (``errors`` and ``OSError``: the file system's problems are the
+user's to fix). A command's tail is::
 
     def main() -> None:  # also the console script bertjax-<command>
         cli.run(_run, define_flags, errors=(ConvertError,), prog="convert")
@@ -74,10 +75,11 @@ def call(
     _stop_on_sigterm()
     try:
         return main(flag_values) or 0
-    except errors as e:
+    except (*errors, OSError) as e:  # OSError: a missing file, a full disk, a permission
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        print(f"{prefix}error: {e}", file=sys.stderr, flush=True)
+        message = (str(e).splitlines() or [type(e).__name__])[0]
+        print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
         return 1
     except Stopped as e:
         print(f"{prefix}stopped by {e} before anything was saved", file=sys.stderr, flush=True)

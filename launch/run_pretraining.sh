@@ -4,12 +4,12 @@
 #
 #   TPU_NAME=bert-pod ZONE=us-central2-b WORKDIR=gs://BUCKET/bert_large \
 #     DATA='gs://BUCKET/tfrecords/train-*' EVAL_DATA='gs://BUCKET/tfrecords/eval-*' \
-#     CONFIG=configs/large.py bash launch/run_pretraining.sh \
-#     --config.model.dtype=bfloat16 --config.model.remat_policy=dots
+#     CONFIG=configs/large.py bash launch/run_pretraining.sh [--config.train.num_steps=...]
 #
 # Arguments are config overrides passed on to bertjax.main. Each worker runs
 #   ~/bertjax-venv/bin/python -m bertjax.main --config=CONFIG --workdir=WORKDIR <data flags> ARGS
-# in ~/bertjax; on a multi-host slice bertjax.main calls jax.distributed.initialize() itself.
+# in ~/bertjax; on a TPU VM bertjax.main calls jax.distributed.initialize() itself (the slice's
+# hosts come from the TPU metadata).
 # Rerunning after a preemption or a stop resumes from WORKDIR's latest checkpoint. To stop (a
 # checkpoint is saved on SIGTERM): gcloud compute tpus tpu-vm ssh TPU_NAME --zone=ZONE
 #   --worker=all --command='kill $(cat ~/bertjax-logs/bertjax.pid)'

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -233,6 +234,14 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
         *_SMALL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # Progress like pretraining's: a line after the first step, then every log_every_steps, with
+    # rates and an ETA; one line per evaluated split with its metrics.
+    lines = result.stdout.splitlines()
+    assert "stsb/train: 16 examples -> 16 features" in lines
+    progress = [x for x in lines if x.startswith("step ")]
+    assert re.fullmatch(r"step 1/\d+ loss [\d.]+ lr \S+ ex/s [\d.]+ tok/s \d+ eta \dh\d\dm\d\ds",
+                        progress[0]), progress  # fmt: skip
+    assert any(x.startswith("eval dev: ") and " pearson " in x for x in lines), lines
     dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
     assert dev["num_examples"] == 8
     # Reference: scipy on the written dev predictions against the gold scores of dev.tsv.
