@@ -51,7 +51,6 @@ import posixpath
 import queue
 import re
 import threading
-import time
 import uuid
 import zlib
 from collections.abc import Callable
@@ -342,7 +341,7 @@ class ManifestSealer:
             if self._closing.is_set():  # orbax is done: this save never finalized
                 self._log(f"checkpoint step {step}: not finalized by orbax; left unsealed")
                 return
-            time.sleep(self._poll_s)
+            self._closing.wait(self._poll_s)  # close() wakes it: one last look
         try:
             write_manifest(step_dir)
         except FileNotFoundError:  # removed (max_to_keep) while being read

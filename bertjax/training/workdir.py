@@ -320,9 +320,17 @@ class Checkpoints:
             self.sealer = None
 
     def close(self) -> None:
+        """Also on the error path: the saves orbax finalized get their manifests, so that the
+        checkpoint an error message calls kept is the one the next run restores."""
         if self.manager is not None:
             with contextlib.suppress(Exception):  # a failed save was reported already
-                self.manager.close()
+                self.manager.close()  # waits for the saves in flight
+        if self.sealer is not None:
+            sealer, self.sealer = self.sealer, None
+            try:
+                sealer.close()
+            except Exception as e:  # noqa: BLE001 - the run is stopping on an earlier error
+                self.log(f"checkpoint manifests: {type(e).__name__}: {e}")
         self._quiet.close()
 
 

@@ -7,7 +7,6 @@ pure-Python byte checks in front of them.
 """
 
 import gzip
-import io
 import re
 import tempfile
 
@@ -182,33 +181,19 @@ def test_wordpiece_vocab(tmp_path, record_property):
     )
 
 
-def _sentencepiece_model() -> bytes:
-    import sentencepiece as spm
+def _sentencepiece_model(tmp_path) -> bytes:
+    """A small model as ``bertjax.vocab --type=sentencepiece`` trains it (BERT's special ids)."""
+    from bertjax.data import vocab
 
+    corpus = tmp_path / "corpus.txt"
     with gzip.open(bundled.EVAL_CORPUS, "rt", encoding="utf-8") as f:
-        sentences = [line for line, _ in zip(f, range(300), strict=False) if line.strip()]
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=80,
-        model_type="unigram",
-        pad_id=0,
-        pad_piece="[PAD]",
-        unk_id=1,
-        unk_piece="[UNK]",
-        bos_id=-1,
-        eos_id=-1,
-        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        normalization_rule_name="identity",
-        hard_vocab_limit=False,
-        minloglevel=2,
-    )
-    return model.getvalue()
+        corpus.write_text("".join(line for line, _ in zip(f, range(300), strict=False)))
+    vocab.train_sentencepiece([str(corpus)], str(tmp_path / "sp.model"), 120, False)
+    return (tmp_path / "sp.model").read_bytes()
 
 
 def test_sentencepiece_model(tmp_path, record_property):
-    model = _sentencepiece_model()
+    model = _sentencepiece_model(tmp_path)
 
     def check(contents):
         _reads_vocab(_write(tmp_path, "sp.model", contents), "sentencepiece", False)

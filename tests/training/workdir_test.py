@@ -119,3 +119,24 @@ def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):
 def test_latest_params_errors_clearly(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="not a bertjax training workdir"):
         workdir.latest_params(tmp_path)
+
+
+def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch):
+    """A run stopping on an error calls close(), not finish(): the save orbax finalized must
+    still get its manifest (the error message calls it kept; the next run restores it)."""
+    config = tiny_config()
+    model, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(3), LENGTH, PREDICTIONS)
+    sealer_class = checkpoint_manifest.ManifestSealer
+    # A sealer that would not look again for a minute (a slow poll or a busy host).
+    monkeypatch.setattr(
+        checkpoint_manifest,
+        "ManifestSealer",
+        lambda directory, log: sealer_class(directory, log=log, poll_s=60.0),
+    )
+    checkpoints = workdir.Checkpoints(tmp_path, keep=5, async_save=True, log=lambda _: None)
+    checkpoints.open_for_writing()
+    checkpoints.save(2, state, np.asarray([1, 2], np.uint32), {"s": 2})
+    checkpoints.close()  # the error path: no finish()
+    root = tmp_path / workdir.CHECKPOINTS_DIR
+    assert checkpoint_manifest.latest_verified_step(root, log=lambda _: None) == 2
