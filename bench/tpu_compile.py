@@ -10,7 +10,8 @@ machine: nothing runs on a TPU), so a row's figures are exactly what a user sees
 appended to ``--results`` (JSON lines, with the command) and printed as a markdown table:
 fits, memory per chip, compiler FLOPs and HBM bytes per chip, arithmetic intensity, the roofline
 bound max(FLOPs / peak, bytes / bandwidth) (an estimate from the compiler's counts, not a timing)
-and the compile time. ``--reuse`` skips rows already in the results file.
+and the compile time. ``--reuse`` skips rows already in the results file; ``--table`` compiles
+nothing and tabulates the rows of the presets that the results file holds (naming the missing).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> int:
     parser.add_argument("--row", action="append", default=[], help="'CONFIG TOPOLOGY [OVERRIDES]'")
     parser.add_argument("--results", default=str(REPO / "bench/results/tpu_compile.jsonl"))
     parser.add_argument("--reuse", action="store_true")
+    parser.add_argument("--table", action="store_true", help="tabulate --results, compile nothing")
     args = parser.parse_args()
     rows = [r for p in args.preset for r in preset_rows(p)]
     for text in args.row:
@@ -124,12 +126,18 @@ def main() -> int:
     path = pathlib.Path(args.results)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {}
-    if args.reuse and path.exists():
+    if (args.reuse or args.table) and path.exists():
         for line in path.read_text().splitlines():
             r = json.loads(line)
             done[(r["config"], r["topology"], tuple(r["overrides"]))] = r
     results = []
     for config, topology, overrides in rows:
+        if args.table:
+            if (config, topology, overrides) in done:
+                results.append(done[(config, topology, overrides)])
+            else:
+                print(f"not compiled yet: {config} {topology} {' '.join(overrides)}", flush=True)
+            continue
         row = done.get((config, topology, overrides)) or run_row(config, topology, overrides)
         if (config, topology, overrides) not in done:
             with path.open("a") as f:
