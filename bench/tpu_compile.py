@@ -131,15 +131,16 @@ def main() -> int:
             r = json.loads(line)
             done[(r["config"], r["topology"], tuple(r["overrides"]))] = r
     results = []
-    for config, topology, overrides in rows:
+    for key in rows:
+        config, topology, overrides = key
         if args.table:
-            if (config, topology, overrides) in done:
-                results.append(done[(config, topology, overrides)])
+            if key in done:
+                results.append(done[key])
             else:
                 print(f"not compiled yet: {config} {topology} {' '.join(overrides)}", flush=True)
             continue
-        row = done.get((config, topology, overrides)) or run_row(config, topology, overrides)
-        if (config, topology, overrides) not in done:
+        row = done.get(key) or run_row(config, topology, overrides)
+        if key not in done:
             with path.open("a") as f:
                 f.write(json.dumps(row, sort_keys=True) + "\n")
         print(json.dumps({k: row.get(k) for k in ("topology", "fits", "overrides")}), flush=True)
