@@ -9,7 +9,8 @@ every position (``[B, L, V]``; the loss counts the masked positions), NSP, ``opt
 global batch (256) split over every chip, params and optimizer state replicated. Prints the same
 figures as the compile tool (per-chip memory, the compiler's FLOPs and HBM bytes, arithmetic
 intensity, the roofline bound max(FLOPs / peak, bytes / bandwidth): an estimate from the
-compiler's counts, not a timing) as one JSON line.
+compiler's counts, not a timing) as one JSON line, with ``bench/hlo_bytes.py``'s sum over the
+HLO and its estimate of the bytes on arrays in HBM (``hlo_bytes_sum``, ``hlo_hbm_bytes``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import hlo_bytes  # noqa: E402  (bench/, beside this script)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
@@ -76,6 +78,7 @@ def main() -> int:
     parser.add_argument("--topology", default="v5litepod-16")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--hlo_out", default=None, help="also write the optimized HLO here")
     args = parser.parse_args()
     tpu = accelerators.slice_for(args.topology)
     devices = topologies.get_topology_desc(
@@ -107,6 +110,11 @@ def main() -> int:
     with jax.set_mesh(mesh):
         compiled = step.lower(state, batch).compile()
     report = compile_tool._compiled_figures(compiled, tpu.chip)
+    counted, hbm = hlo_bytes.breakdown(compiled.as_text())  # bench/hlo_bytes.py's accounting
+    report.update(hlo_bytes_sum=sum(counted.values()), hlo_hbm_bytes=sum(hbm.values()))
+    if args.hlo_out:
+        with open(args.hlo_out, "w") as f:
+            f.write(compiled.as_text())
     report.update(
         peer="HF FlaxBertForPreTraining", size=args.size, topology=tpu.name, length=args.length,
         batch=args.batch, compile_seconds=round(time.perf_counter() - started, 1),

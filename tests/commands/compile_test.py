@@ -3,6 +3,7 @@ the tiny config on a small v5e slice for data-, fsdp- and tensor-parallel meshes
 flash kernel present in the TPU program (and absent with attention_impl='xla'), and one-line
 errors for a config that cannot fit, an unknown topology and an indivisible parameter."""
 
+import functools
 import json
 import pathlib
 import subprocess
@@ -107,3 +108,48 @@ def test_oom_messages_give_the_needed_bytes():
     assert compile_tool.oom_needed_bytes(first) == int(35.22 * (1 << 30))
     second = "Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 3.0K."
     assert compile_tool.oom_needed_bytes(second) == int(15.75 * (1 << 30)) + 3 * 1024
+
+
+@functools.cache
+def _hlo_bytes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hlo_bytes", REPO / "bench" / "hlo_bytes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hlo_bytes_counts_moves_and_memory_spaces():
+    """bench/hlo_bytes.py's rules on a hand-written entry computation: an async slice counts its
+    whole operand (as the compiler does) but reads only the slice from HBM; arrays in memory
+    space S(1) are not HBM traffic; a ConcatBitcast moves nothing."""
+    hlo = """ENTRY %main (p: f32[1024,1024]) -> bf16[8,1024] {
+  %p = f32[1024,1024]{1,0} parameter(0)
+  %s = ((f32[1024,1024]{1,0}), f32[256,1024]{1,0:S(1)}, s32[]{:S(2)}) slice-start(%p), slice={[0:256], [0:1024]}
+  %d = f32[256,1024]{1,0:S(1)} slice-done(%s)
+  %c = f32[1024,1024]{1,0:S(1)} custom-call(%d), custom_call_target="ConcatBitcast"
+  %f = bf16[8,1024]{1,0} fusion(%c), kind=kOutput, calls=%x, metadata={op_name="jit(train_step)/jvp(BertForPreTraining)/encoder/layers/layer_0/intermediate/dot_general"}
+}"""  # noqa: E501
+    module = _hlo_bytes()
+    counted, hbm = module.breakdown(hlo)
+    mib = 1 << 20
+    prefetch = "async moves between HBM and on-chip memory"
+    assert counted[prefetch] == 4 * mib + (mib + 4 * mib)  # slice: its operand; concat: in + out
+    assert hbm[prefetch] == mib  # the 256 rows it reads from HBM
+    ffn = "layers forward: feed-forward"
+    assert counted[ffn] == 4 * mib + 8 * 1024 * 2 and hbm[ffn] == 8 * 1024 * 2
+
+
+def test_hlo_bytes_reconstructs_the_compilers_count():
+    config = _config(dtype="bfloat16").unlock()
+    config.mesh.shape = (4, 1, 1)
+    module = _hlo_bytes()
+    compiled, tpu = module.compile_train_step(config.lock(), "v5litepod-4")
+    counted, hbm = module.breakdown(compiled.as_text())
+    compiler = compiled.cost_analysis()["bytes accessed"]
+    assert 0.8 < sum(counted.values()) / compiler < 1.25
+    assert counted["layers forward: attention kernel"] > 0  # the Pallas kernel, by its op_name
+    assert counted["optimizer, loss, gradient norm"] > 0
+    assert 0 < sum(hbm.values()) < sum(counted.values())
+    assert "of it on arrays in HBM" in module.report(compiled, tpu)
