@@ -110,11 +110,12 @@ def main() -> int:
     with jax.set_mesh(mesh):
         compiled = step.lower(state, batch).compile()
     report = compile_tool._compiled_figures(compiled, tpu.chip)
-    counted, hbm = hlo_bytes.breakdown(compiled.as_text())  # bench/hlo_bytes.py's accounting
+    hlo_text = compiled.as_text()
+    counted, hbm = hlo_bytes.breakdown(hlo_text)  # bench/hlo_bytes.py's accounting
     report.update(hlo_bytes_sum=sum(counted.values()), hlo_hbm_bytes=sum(hbm.values()))
     if args.hlo_out:
         with open(args.hlo_out, "w") as f:
-            f.write(compiled.as_text())
+            f.write(hlo_text)
     report.update(
         peer="HF FlaxBertForPreTraining", size=args.size, topology=tpu.name, length=args.length,
         batch=args.batch, compile_seconds=round(time.perf_counter() - started, 1),

@@ -27,16 +27,11 @@ counted once. Counts, not timings.
 from __future__ import annotations
 
 import collections
-import os
 import re
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
-
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
 
 _ITEMSIZE = {
     "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
@@ -69,26 +64,25 @@ def entry_instructions(hlo_text: str):
     arrays the compiler left in HBM (a layout without a memory space ``S(n)``), and for an async
     slice only the slice it reads: an estimate of the HBM traffic alone.
     """
-    arrays, entry, body = {}, None, collections.defaultdict(list)
-    computation = None
+    arrays, body, in_entry = {}, [], False  # arrays: name -> (bytes, HBM bytes)
     for line in hlo_text.splitlines():
         if header := _HEADER.match(line):
-            computation = header.group(2)
-            entry = computation if header.group(1) else entry
-            for name, shape in re.findall(r"([\w.\-]+): (\([^)]*\)|\w+\[[\d,]*\])", header[3]):
-                arrays[computation, name] = (array_bytes(shape), array_bytes(shape))
+            in_entry = bool(header.group(1))
+            if in_entry:
+                for name, shape in re.findall(r"([\w.\-]+): (\([^)]*\)|\w+\[[\d,]*\])", header[3]):
+                    arrays[name] = (array_bytes(shape), array_bytes(shape))
             continue
-        if computation and (found := _INSTRUCTION.match(line)):
+        if in_entry and (found := _INSTRUCTION.match(line)):
             name, shape, opcode, rest = found.groups()
-            arrays[computation, name] = (array_bytes(shape), _hbm_bytes(shape))
-            body[computation].append((name, shape, opcode, rest, line))
+            arrays[name] = (array_bytes(shape), _hbm_bytes(shape))
+            body.append((name, shape, opcode, rest, line))
     out = []
-    for name, shape, opcode, rest, line in body[entry]:
+    for name, shape, opcode, rest, line in body:
         if opcode in _FREE or opcode.endswith("-done"):
             continue
-        operands = [arrays.get((entry, o), (0, 0)) for o in _operands(rest)]
+        operands = [arrays.get(o, (0, 0)) for o in _operands(rest)]
         read, read_hbm = sum(a for a, _ in operands), sum(h for _, h in operands)
-        written, written_hbm = arrays[entry, name]
+        written, written_hbm = arrays[name]
         if opcode.endswith("-start"):  # (operands, destination, context): a move, in the end
             destination = _tuple_rest(shape)
             written, written_hbm = 0, _hbm_bytes(destination)
@@ -172,25 +166,16 @@ def breakdown(hlo_text: str) -> tuple[collections.Counter, collections.Counter]:
 
 def compile_train_step(config, topology: str):
     """-> (the compiled train step, the slice), as ``python -m bertjax.compile`` compiles it."""
-    from jax.experimental import topologies  # noqa: PLC0415
-
     from bertjax import compile as compile_tool  # noqa: PLC0415
-    from bertjax.pretrain import step as step_lib  # noqa: PLC0415
-    from bertjax.training import accelerators  # noqa: PLC0415
-    from bertjax.training import sharding as sh  # noqa: PLC0415
 
-    tpu = accelerators.slice_for(topology)
-    devices = topologies.get_topology_desc(
-        topology_name=tpu.topology_name, platform="tpu", **tpu.topology_options()
-    ).devices
-    steps = step_lib.build_steps(config, sh.create_mesh(config.mesh.shape, devices))
-    train_args, _ = compile_tool._abstract_args(steps)
+    tpu, steps, train_args, _ = compile_tool.steps_for_slice(config, topology)
     return steps.train_step.lower(*train_args).compile(), tpu
 
 
-def report(compiled, tpu) -> str:
+def report(compiled, hlo_text: str, tpu) -> str:
+    """The table this script prints, for ``compiled`` and its ``hlo_text`` (``as_text()``)."""
     counted = float(compiled.cost_analysis().get("bytes accessed", 0.0))
-    parts, hbm = breakdown(compiled.as_text())
+    parts, hbm = breakdown(hlo_text)
     total, total_hbm = sum(parts.values()), sum(hbm.values())
     lines = [
         f"{tpu.name}: bytes per chip per step",
@@ -213,10 +198,11 @@ def main(argv) -> int:
     if config.model.get("scan_layers"):
         sys.exit("hlo_bytes: needs scan_layers=False (a loop body is counted once)")
     compiled, tpu = compile_train_step(config, flags.FLAGS.topology)
+    hlo_text = compiled.as_text()
     if flags.FLAGS.hlo_out:
         with open(flags.FLAGS.hlo_out, "w") as f:
-            f.write(compiled.as_text())
-    print(report(compiled, tpu), flush=True)
+            f.write(hlo_text)
+    print(report(compiled, hlo_text, tpu), flush=True)
     return 0
 
 

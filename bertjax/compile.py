@@ -148,15 +148,16 @@ def _compile(jitted, args, hbm_bytes: int):
     return compiled, (needed if needed > hbm_bytes else None), time.perf_counter() - started
 
 
-def compile_for(config, topology: str) -> dict:
-    """Compiles ``config``'s steps for ``topology``; the report (``JSON_KEYS`` and more)."""
+def steps_for_slice(config, topology: str):
+    """-> (slice, steps, train step args, eval step args): ``config``'s steps (``build_steps``)
+    on a mesh over ``topology``'s TPU devices, with abstract sharded arguments to lower them."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: not on a TPU VM
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only, never running
     from jax.experimental import topologies  # noqa: PLC0415
 
     from bertjax.pretrain import inputs  # noqa: PLC0415
     from bertjax.pretrain import step as step_lib  # noqa: PLC0415
-    from bertjax.training import accelerators, metrics  # noqa: PLC0415
+    from bertjax.training import accelerators  # noqa: PLC0415
     from bertjax.training import sharding as sh  # noqa: PLC0415
 
     tpu = accelerators.slice_for(topology)
@@ -168,10 +169,18 @@ def compile_for(config, topology: str) -> dict:
         **tpu.topology_options(),
     ).devices
     mesh = sh.create_mesh(config.mesh.shape, devices)
-    bert_config = step_lib.bert_config_from(config)
-    inputs.check_config(config, bert_config, mesh, tpu.hosts)
+    inputs.check_config(config, step_lib.bert_config_from(config), mesh, tpu.hosts)
     steps = step_lib.build_steps(config, mesh)
-    train_args, eval_args = _abstract_args(steps)
+    return (tpu, steps, *_abstract_args(steps))
+
+
+def compile_for(config, topology: str) -> dict:
+    """Compiles ``config``'s steps for ``topology``; the report (``JSON_KEYS`` and more)."""
+    from bertjax.pretrain import step as step_lib  # noqa: PLC0415
+    from bertjax.training import metrics  # noqa: PLC0415
+
+    tpu, steps, train_args, eval_args = steps_for_slice(config, topology)
+    bert_config = step_lib.bert_config_from(config)
     hbm = tpu.chip.hbm_bytes
     compiled, train_oom, train_seconds = _compile(steps.train_step, train_args, hbm)
     evaluated, eval_oom, eval_seconds = _compile(steps.eval_step, eval_args, hbm)
@@ -181,7 +190,7 @@ def compile_for(config, topology: str) -> dict:
     )
     report = {
         "topology": tpu.name, "jax_topology": tpu.topology_name, "chip": tpu.chip.name,
-        "chips": tpu.chips, "hosts": tpu.hosts, "mesh": dict(mesh.shape),
+        "chips": tpu.chips, "hosts": tpu.hosts, "mesh": dict(steps.mesh.shape),
         "hbm_bytes_per_chip": hbm, "fits": train_oom is None and eval_oom is None,
         "model_flops_per_step": per_sequence * int(config.train.global_batch_size),
         "compile_seconds": {"train": round(train_seconds, 1), "eval": round(eval_seconds, 1)},

@@ -146,10 +146,11 @@ def test_hlo_bytes_reconstructs_the_compilers_count():
     config.mesh.shape = (4, 1, 1)
     module = _hlo_bytes()
     compiled, tpu = module.compile_train_step(config.lock(), "v5litepod-4")
-    counted, hbm = module.breakdown(compiled.as_text())
+    hlo_text = compiled.as_text()
+    counted, hbm = module.breakdown(hlo_text)
     compiler = compiled.cost_analysis()["bytes accessed"]
     assert 0.8 < sum(counted.values()) / compiler < 1.25
     assert counted["layers forward: attention kernel"] > 0  # the Pallas kernel, by its op_name
     assert counted["optimizer, loss, gradient norm"] > 0
     assert 0 < sum(hbm.values()) < sum(counted.values())
-    assert "of it on arrays in HBM" in module.report(compiled, tpu)
+    assert "of it on arrays in HBM" in module.report(compiled, hlo_text, tpu)
