@@ -197,7 +197,10 @@ def main(argv) -> int:
     config = flags.FLAGS.config
     if config.model.get("scan_layers"):
         sys.exit("hlo_bytes: needs scan_layers=False (a loop body is counted once)")
-    compiled, tpu = compile_train_step(config, flags.FLAGS.topology)
+    try:
+        compiled, tpu = compile_train_step(config, flags.FLAGS.topology)
+    except ValueError as e:  # an unknown slice or a config that cannot run: bertjax.compile's
+        sys.exit(f"hlo_bytes: {e}")
     hlo_text = compiled.as_text()
     if flags.FLAGS.hlo_out:
         with open(flags.FLAGS.hlo_out, "w") as f:
