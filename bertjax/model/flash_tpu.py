@@ -2,11 +2,14 @@
 
 Computes exactly ``bertjax.model.attention``'s XLA path (see its docstring for the function),
 dropout included: an online softmax over key blocks that keeps only the context and two float32
-stats per query row in HBM (never a [B, N, Q, L] array), and a ``custom_vjp`` whose dq and dk/dv
+stats per query row in HBM (never a [B, N, Q, L] array), and a ``custom_vjp`` whose backward
 kernels (``flash_tpu_kernels.py``, wired in ``flash_tpu_calls.py``) recompute the probabilities
-and the dropout mask tile by tile from global (b, n, q, k) indices. :func:`flash_attention` pads
-to whole blocks, and under a mesh runs the kernel per shard with ``shard_map`` (batch and heads
-only; the sequence axis is never split).
+and the dropout mask tile by tile from global (b, n, q, k) indices: one kernel for dq, dk and dv
+when the keys fit one block (any length up to 512 by default: every BERT config), else a dq and
+a dk/dv kernel. :func:`flash_attention` hands the kernels [B, N*D, T] operands, sequence along
+lanes, which is the layout the TPU compiler gives the [B, T, N, D] projections (so the
+transposes cost no copy), pads to whole blocks, and under a mesh runs the kernel per shard with
+``shard_map`` (batch and heads only; the sequence axis is never split).
 
 On CPU the kernels run in Pallas interpret mode (the tests compare them with the XLA path there);
 the real TPU compiler compiles them on any machine with libtpu (``python -m bertjax.compile``).
@@ -26,14 +29,16 @@ from bertjax.model import flash_tpu_calls as calls
 from bertjax.model import flash_tpu_kernels as kernels
 
 # Default tiles, clipped to the 128-padded lengths. bk = 512 holds a whole BERT-512 key row, so
-# the online softmax takes one step (no rescaling) and K/V blocks are fetched once per query
-# block; bq = 256 keeps a [256, 512] float32 score tile at 512 KiB, so the ~6 live tiles of the
-# dk/dv kernel (scores, probabilities, mask, dP, dS) fit the 16 MiB default scoped VMEM of
-# v4/v5e with room for double-buffered inputs, while still giving B * N/2 * 2 parallel steps.
-# Both are multiples of 128: rows are lanes in the stats arrays, and the MXU is 128 wide.
+# the online softmax takes one step (no rescaling), K/V blocks are fetched once per query block
+# and one backward kernel does dq, dk and dv; bq = 256 keeps a [512, 256] float32 score tile at
+# 512 KiB, so the ~6 live tiles of the backward (scores, probabilities, mask, dP, dS) fit the
+# 16 MiB default scoped VMEM of v4/v5e with room for double-buffered inputs, while still giving
+# B * N * 2 parallel steps.
+# Both are multiples of 128: positions are lanes in every kernel operand, and the MXU is 128 wide.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 512
 _LANES = 128
+_SUBLANES = 16
 
 
 def flash_attention(
@@ -94,11 +99,9 @@ def _default_block(length: int, limit: int) -> int:
 
 
 def _heads_per_block(num_heads: int, head_dim: int) -> int:
-    """Fewest heads whose lanes fill whole 128-lane tiles (all heads if none do)."""
-    for heads in range(1, num_heads + 1):
-        if num_heads % heads == 0 and heads * head_dim % _LANES == 0:
-            return heads
-    return num_heads
+    """One head per block when its D rows are whole sublane tiles (16 rows of packed bf16),
+    else all heads (a block of the whole N*D dimension is always a legal block)."""
+    return 1 if head_dim % _SUBLANES == 0 else num_heads
 
 
 def _make_plan(
@@ -135,9 +138,9 @@ def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets
     batch, num_queries, num_heads, head_dim = query.shape
     length = key.shape[1]
 
-    def flat(x, padded):  # [B, T, N, D] -> zero-padded [B, padded, N * D]: free reshape
-        x = x.reshape(batch, x.shape[1], num_heads * head_dim)
-        return jnp.pad(x, ((0, 0), (0, padded - x.shape[1]), (0, 0)))
+    def flat(x, padded):  # [B, T, N, D] -> zero-padded [B, N * D, padded] (kernels' layout)
+        x = x.reshape(batch, x.shape[1], num_heads * head_dim).transpose(0, 2, 1)
+        return jnp.pad(x, ((0, 0), (0, 0), (0, padded - x.shape[2])))
 
     code = jnp.pad(  # 1 real, 0 masked, -1 padding key
         (key_mask != 0).astype(jnp.int32),
@@ -157,7 +160,8 @@ def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets
     aux = (code, positions, needed, params)
     q = flat(query, plan.padded_queries)
     context = _flash(plan, q, flat(key, plan.padded_keys), flat(value, plan.padded_keys), aux)
-    return context[:, :num_queries].reshape(batch, num_queries, num_heads, head_dim)
+    context = context[:, :, :num_queries].transpose(0, 2, 1)
+    return context.reshape(batch, num_queries, num_heads, head_dim)
 
 
 def _blocks_needed(plan, code, positions, num_queries) -> jax.Array:
@@ -182,7 +186,7 @@ def _blocks_needed(plan, code, positions, num_queries) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(plan, q, k, v, aux):
-    """<dtype>[B, Qp, N*D] queries, [B, Lp, N*D] keys and values -> [B, Qp, N*D] context."""
+    """<dtype>[B, N*D, Qp] queries, [B, N*D, Lp] keys and values -> [B, N*D, Qp] context."""
     return calls.forward_call(plan, q, k, v, aux)[0]
 
 
@@ -200,12 +204,13 @@ def _flash_fwd(plan, q, k, v, aux):
 
 def _flash_bwd(plan, residuals, d_context):
     q, k, v, aux, context, stats = residuals
-    products = d_context.astype(jnp.float32) * context.astype(jnp.float32)
-    di = products.reshape(*products.shape[:2], plan.num_heads, plan.head_dim).sum(-1)
-    # [B, N, 3, Qp] rows (max, 1 / sum, rowsum(dO * O)): what P and dS need per query row.
-    backward_stats = jnp.stack(
-        [stats[:, :, 0], 1.0 / stats[:, :, 1], jnp.transpose(di, (0, 2, 1))], axis=2
-    )
+    if plan.num_k_blocks == 1:  # every BERT length: one kernel, di computed inside it
+        dq, dk, dv = calls.backward_call(plan, q, k, v, context, d_context, stats, aux)
+        return dq, dk, dv, None
+    products = d_context.astype(jnp.float32) * context.astype(jnp.float32)  # [B, N*D, Qp]
+    di = products.reshape(products.shape[0], plan.num_heads, plan.head_dim, -1).sum(axis=2)
+    # [B, N, 3, Qp] rows (max, 1 / sum, rowsum(dO * O)): what P and dS need per query.
+    backward_stats = jnp.stack([stats[:, :, 0], 1.0 / stats[:, :, 1], di], axis=2)
     dq = calls.dq_call(plan, q, k, v, d_context, backward_stats, aux)
     dk, dv = calls.dkv_call(plan, q, k, v, d_context, backward_stats, aux)
     return dq, dk, dv, None

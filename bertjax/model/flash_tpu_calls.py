@@ -4,8 +4,8 @@ Grids are (B, N / heads_per_block, major, minor), the last axis accumulating ("a
 key blocks for the forward and dq kernels, query blocks for dk/dv. Every operand's block is
 chosen by an index map over the grid indices and the scalar-prefetched ``needed`` table (see
 flash_tpu_kernels.py), so skipped tiles re-map to a block already in VMEM and cost no DMA.
-Row stats travel as <float32>[B, N, S, Qp] with query rows along lanes: a few bytes per row in
-HBM instead of a lane-replicated [.., Qp, 128].
+Queries, keys, values and their gradients are <dtype>[B, N*D, T] (positions along lanes); row
+stats travel as <float32>[B, N, S, Qp], one [1, bq] row per stat, as the kernels use them.
 """
 
 from __future__ import annotations
@@ -18,9 +18,13 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from bertjax.model.flash_tpu_kernels import Plan, dkv_kernel, dq_kernel, forward_kernel
-
-_LANES = 128
+from bertjax.model.flash_tpu_kernels import (
+    Plan,
+    backward_kernel,
+    dkv_kernel,
+    dq_kernel,
+    forward_kernel,
+)
 
 
 def _query_major_specs(plan: Plan, num_stats: int) -> dict[str, pl.BlockSpec]:
@@ -32,17 +36,17 @@ def _query_major_specs(plan: Plan, num_stats: int) -> dict[str, pl.BlockSpec]:
         return jnp.minimum(kj, needed[b * nq + qi] - 1)
 
     return {
-        "q": pl.BlockSpec((1, bq, width), lambda b, h, qi, kj, *_: (b, qi, h)),
+        "q": pl.BlockSpec((1, width, bq), lambda b, h, qi, kj, *_: (b, h, qi)),
         "kv": pl.BlockSpec(
-            (1, bk, width), lambda b, h, qi, kj, needed, _: (b, kj_visited(b, qi, kj, needed), h)
+            (1, width, bk), lambda b, h, qi, kj, needed, _: (b, h, kj_visited(b, qi, kj, needed))
         ),
         "stats": pl.BlockSpec(
             (1, plan.heads_per_block, num_stats, bq), lambda b, h, qi, kj, *_: (b, h, 0, qi)
         ),
         "code": pl.BlockSpec(
-            (1, 1, bk), lambda b, h, qi, kj, needed, _: (b, 0, kj_visited(b, qi, kj, needed))
+            (1, bk, 1), lambda b, h, qi, kj, needed, _: (b, kj_visited(b, qi, kj, needed), 0)
         ),
-        "positions": pl.BlockSpec((1, bq, 1), lambda b, h, qi, kj, *_: (b, qi, 0)),
+        "positions": pl.BlockSpec((1, 1, bq), lambda b, h, qi, kj, *_: (b, 0, qi)),
     }
 
 
@@ -59,8 +63,8 @@ def _key_major_specs(plan: Plan) -> dict[str, pl.BlockSpec]:
         )
 
     return {
-        "q": q_side((1, bq, width), lambda b, h, qi: (b, qi, h)),
-        "kv": pl.BlockSpec((1, bk, width), lambda b, h, kj, qi, *_: (b, kj, h)),
+        "q": q_side((1, width, bq), lambda b, h, qi: (b, h, qi)),
+        "kv": pl.BlockSpec((1, width, bk), lambda b, h, kj, qi, *_: (b, h, kj)),
         "stats": q_side((1, plan.heads_per_block, 3, bq), lambda b, h, qi: (b, h, 0, qi)),
         "code": pl.BlockSpec((1, bk, 1), lambda b, h, kj, qi, *_: (b, kj, 0)),
         "positions": q_side((1, 1, bq), lambda b, h, qi: (b, 0, qi)),
@@ -100,24 +104,20 @@ def _cost(plan: Plan, matmuls: int, exps: int, resident, streamed, restreams: in
     )
 
 
-def _mask_operands(plan: Plan, specs, code, positions, key_major: bool):
-    """Key codes <int32>[B, Lp] and positions [B, Qp] as columns or rows, with their specs:
-    keys are lanes in query-major tiles and sublanes in key-major ones."""
-    if key_major:
-        code, positions = code[:, :, None], positions[:, None, :]
-    else:
-        code, positions = code[:, None, :], positions[:, :, None]
+def _mask_operands(plan: Plan, specs, code, positions):
+    """Key codes <int32>[B, Lp] as a column [B, Lp, 1] (keys are sublanes in every tile) and,
+    for causal attention, query positions [B, Qp] as a row [B, 1, Qp], with their specs."""
     if plan.causal:
-        return [code, positions], [specs["code"], specs["positions"]]
-    return [code], [specs["code"]]
+        return [code[:, :, None], positions[:, None, :]], [specs["code"], specs["positions"]]
+    return [code[:, :, None]], [specs["code"]]
 
 
 def forward_call(plan: Plan, q, k, v, aux):
-    """-> context <dtype>[B, Qp, N*D], stats <float32>[B, N, 2, Qp] (row max, row sum)."""
+    """-> context <dtype>[B, N*D, Qp], stats <float32>[B, N, 2, Qp] (row max, row sum)."""
     code, positions, needed, params = aux
     specs = _query_major_specs(plan, num_stats=2)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=False)
-    stats = jax.ShapeDtypeStruct((q.shape[0], plan.num_heads, 2, q.shape[1]), jnp.float32)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    stats = jax.ShapeDtypeStruct((q.shape[0], plan.num_heads, 2, q.shape[2]), jnp.float32)
     hb = plan.heads_per_block
     call = _pallas(
         plan,
@@ -127,9 +127,9 @@ def forward_call(plan: Plan, q, k, v, aux):
         out_specs=[specs["q"], specs["stats"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), stats],
         scratch=[
-            pltpu.VMEM((hb, plan.block_q, _LANES), jnp.float32),  # running row max
-            pltpu.VMEM((hb, plan.block_q, _LANES), jnp.float32),  # running row sum
-            pltpu.VMEM((plan.block_q, plan.width), jnp.float32),  # context accumulator
+            pltpu.VMEM((hb, plan.block_q), jnp.float32),  # running max per query
+            pltpu.VMEM((hb, plan.block_q), jnp.float32),  # running sum per query
+            pltpu.VMEM((plan.width, plan.block_q), jnp.float32),  # context accumulator
         ],
         cost=_cost(plan, 2, 1, [q, q, stats], [k, v], plan.num_q_blocks * (plan.num_k_blocks > 1)),
     )
@@ -137,10 +137,10 @@ def forward_call(plan: Plan, q, k, v, aux):
 
 
 def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
-    """-> dq <dtype>[B, Qp, N*D]; ``stats`` <float32>[B, N, 3, Qp] (max, 1 / sum, di)."""
+    """-> dq <dtype>[B, N*D, Qp]; ``stats`` <float32>[B, N, 3, Qp] (max, 1 / sum, di)."""
     code, positions, needed, params = aux
     specs = _query_major_specs(plan, num_stats=3)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=False)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions)
     hb = plan.heads_per_block
     call = _pallas(
         plan,
@@ -150,8 +150,7 @@ def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
         out_specs=specs["q"],
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch=[
-            pltpu.VMEM((3 * hb, plan.block_q, _LANES), jnp.float32),  # stats as columns
-            pltpu.VMEM((plan.block_q, plan.width), jnp.float32),  # dq accumulator
+            pltpu.VMEM((plan.width, plan.block_q), jnp.float32),  # dq accumulator
         ],
         cost=_cost(
             plan,
@@ -166,10 +165,10 @@ def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
 
 
 def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
-    """-> dk, dv <dtype>[B, Lp, N*D]."""
+    """-> dk, dv <dtype>[B, N*D, Lp]."""
     code, positions, needed, params = aux
     specs = _key_major_specs(plan)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions, key_major=True)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions)
     hb = plan.heads_per_block
     call = _pallas(
         plan,
@@ -179,8 +178,8 @@ def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
         out_specs=[specs["kv"], specs["kv"]],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch=[
-            pltpu.VMEM((plan.block_k, plan.width), jnp.float32),  # dk accumulator
-            pltpu.VMEM((plan.block_k, plan.width), jnp.float32),  # dv accumulator
+            pltpu.VMEM((plan.width, plan.block_k), jnp.float32),  # dk accumulator
+            pltpu.VMEM((plan.width, plan.block_k), jnp.float32),  # dv accumulator
         ],
         cost=_cost(
             plan,
@@ -192,3 +191,34 @@ def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
         ),  # fmt: skip
     )
     return call(needed, params, q, k, v, d_context, stats, *masks)
+
+
+def backward_call(plan: Plan, q, k, v, context, d_context, stats, aux):
+    """-> dq <dtype>[B, N*D, Qp], dk, dv [B, N*D, Lp] in one kernel, for a single key block;
+    ``stats`` the forward's <float32>[B, N, 2, Qp] (max, sum)."""
+    if plan.num_k_blocks != 1:
+        raise ValueError(f"backward_call needs one key block, got {plan.num_k_blocks}")
+    code, positions, needed, params = aux
+    specs = _key_major_specs(plan)
+    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    hb = plan.heads_per_block
+    q_spec = pl.BlockSpec((1, plan.width, plan.block_q), lambda b, h, kj, qi, *_: (b, h, qi))
+    stats_spec = pl.BlockSpec((1, hb, 2, plan.block_q), lambda b, h, kj, qi, *_: (b, h, 0, qi))
+    call = _pallas(
+        plan,
+        backward_kernel,
+        grid=(plan.batch, plan.num_heads // hb, 1, plan.num_q_blocks),
+        in_specs=[q_spec, specs["kv"], specs["kv"], q_spec, q_spec, stats_spec, *mask_specs],
+        out_specs=[q_spec, specs["kv"], specs["kv"]],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct(k.shape, k.dtype),
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+        ],
+        scratch=[
+            pltpu.VMEM((plan.width, plan.block_k), jnp.float32),  # dk accumulator
+            pltpu.VMEM((plan.width, plan.block_k), jnp.float32),  # dv accumulator
+        ],
+        cost=_cost(plan, 5, 1, [q, k, v, context, d_context, stats, q, k, v], [], 1),
+    )
+    return call(needed, params, q, k, v, context, d_context, stats, *masks)

@@ -1,16 +1,18 @@
 """Pallas TPU kernels of the fused attention: forward, dq, and dk/dv (see ``flash_tpu.py``).
 
-Layouts are the model's own, flattened over heads: queries <dtype>[B, Qp, N*D], keys and values
-<dtype>[B, Lp, N*D] (Qp, Lp: padded to the block sizes). A grid step sees a [block, W] slab of
-W = heads_per_block * D lanes (at least 128, so D = 64 heads travel in pairs with no padding and
-no transpose in HBM) and handles its heads one at a time by zeroing the other heads' lanes in
-one operand: a [bq, W] x [W, bk] product contracts head h only and costs the MXU the same passes
-as a [bq, D] x [D, bk] one for D <= 128 (the MXU is 128 deep).
+Layouts are feature-major, positions along lanes: queries <dtype>[B, N*D, Qp], keys and values
+<dtype>[B, N*D, Lp] (Qp, Lp: padded to the block sizes). That is the layout the TPU compiler
+itself gives the [B, T, N, D] projections for D = 64 (sequence minor, so no lane is padding),
+so the transposes around the kernel are free. A grid step sees [W, block] slabs, W =
+heads_per_block * D rows (one head when D is a whole number of sublane tiles), and every tile
+it computes is transposed, [bk, bq]: keys on sublanes, queries on lanes. The per-query row
+stats are then [1, bq] rows, the layout they have in HBM, and every product is a plain or a
+last-dims-contracting MXU matmul except the two that contract D (s and dP, [D, bk]^T x [D, bq]).
 
 Per tile every kernel recomputes, for the (query, key) pairs it owns,
 
     s = float32(dtype(q . k)) + bias      bias: 0 allowed, -1e9 masked, -inf padding key
-    p = exp(s - m) / l                    m, l: per-row max and sum over all keys (forward)
+    p = exp(s - m) / l                    m, l: per-query max and sum over all keys (forward)
     keep, scale = counter-hash dropout of the global (b, n, q, k)  (``bertjax.model.dropout``)
 
 which is the XLA path's arithmetic, so a tile's probabilities equal the [B, N, Q, L] array's.
@@ -19,7 +21,8 @@ The logits are rounded through ``dtype`` because the XLA einsum returns them in 
 Scalar-prefetched operands: ``needed`` <int32>[B * nq], the number of leading key blocks query
 block qi of example b must visit (later blocks hold only masked keys, which add exactly 0), and
 ``params`` <int32>[4] = (seed0, seed1, batch_offset, head_offset). Forward and backward visit the
-same (query block, key block) pairs, so a recomputed ``s - m`` is never positive.
+same (query block, key block) pairs, so a recomputed ``s - m`` is never positive. With a single
+key block (``backward_kernel``) every pair is visited.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from jax.experimental import pallas as pl
 from bertjax.model import dropout as dropout_lib
 
 MASK_VALUE = -1e9  # the XLA path's additive mask (finite: an all-masked row is uniform)
+_TN = (((0,), (0,)), ((), ()))  # contract the first dims: [D, m] x [D, n] -> [m, n]
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, W] x [n, W] -> [m, n]
-_LANES = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +76,6 @@ class Plan:
         return dropout_lib.keep_threshold(self.dropout_rate) > 0
 
 
-def head_lanes(plan: Plan, head: int) -> jax.Array:
-    """<bool>[1, W]: the lanes of head ``head`` within a block."""
-    lane = jax.lax.broadcasted_iota(jnp.int32, (1, plan.width), 1)
-    return (lane >= head * plan.head_dim) & (lane < (head + 1) * plan.head_dim)
-
-
 def tile_bias(code, key_index, positions) -> jax.Array:
     """Additive <float32> bias from broadcastable key codes (1 real, 0 masked, -1 padding),
     global key indices and query positions (None: bidirectional)."""
@@ -90,10 +87,10 @@ def tile_bias(code, key_index, positions) -> jax.Array:
     return jnp.where(code < 0, jnp.float32(-jnp.inf), masked)
 
 
-def tile_scores(lhs, rhs, bias) -> jax.Array:
-    """<float32>[m, n] = float32(dtype(lhs . rhs^T)) + bias, for lhs <dtype>[m, W]."""
-    dot = jax.lax.dot_general(lhs, rhs, _NT, preferred_element_type=jnp.float32)
-    return dot.astype(lhs.dtype).astype(jnp.float32) + bias
+def tile_scores(k, q, bias) -> jax.Array:
+    """<float32>[bk, bq] = float32(dtype(k^T q)) + bias, for k <dtype>[D, bk], q [D, bq]."""
+    dot = jax.lax.dot_general(k, q, _TN, preferred_element_type=jnp.float32)
+    return dot.astype(q.dtype).astype(jnp.float32) + bias
 
 
 def dropout_rows(plan: Plan, params_ref, batch, head, query_index) -> jax.Array:
@@ -126,13 +123,27 @@ def _unpack(refs, plan: Plan, num_inputs: int):
     return inputs, None, rest
 
 
+def _tile(plan: Plan, code_ref, pos_ref, qi, kj):
+    """(bias [bk, bq], key indices [bk, 1], query indices [1, bq]) of tile (qi, kj)."""
+    keys = _iota((plan.block_k, 1), 0, kj * plan.block_k)
+    queries = _iota((1, plan.block_q), 1, qi * plan.block_q)
+    positions = None if pos_ref is None else pos_ref[0]  # [1, bq]
+    return tile_bias(code_ref[0], keys, positions), keys, queries
+
+
+def _heads(plan: Plan, head_block):
+    """(global-in-shard head index, its rows of the block) for each head of the block."""
+    d = plan.head_dim
+    for h in range(plan.heads_per_block):
+        yield head_block * plan.heads_per_block + h, slice(h * d, (h + 1) * d)
+
+
 def forward_kernel(*refs, plan: Plan):
-    """Grid (B, N / hb, nq, nk). Online softmax over key blocks; writes the context and the
-    per-row max and sum <float32>[hb, 2, bq] (rows as lanes, so the stats stay small in HBM)."""
+    """Grid (B, N / hb, nq, nk). Online softmax over key blocks; writes the context [W, bq] and
+    the per-query max and sum <float32>[hb, 2, bq]."""
     (needed, params, q_ref, k_ref, v_ref, code_ref), pos_ref, rest = _unpack(refs, plan, 6)
     o_ref, stats_ref, max_scr, sum_scr, acc_scr = rest
     b, head_block, qi, kj = (pl.program_id(i) for i in range(4))
-    bq, bk = plan.block_q, plan.block_k
 
     @pl.when(kj == 0)
     def _init():
@@ -142,77 +153,65 @@ def forward_kernel(*refs, plan: Plan):
 
     @pl.when(kj < needed[b * plan.num_q_blocks + qi])
     def _step():
-        q, k, v = q_ref[0], k_ref[0], v_ref[0]  # [bq, W], [bk, W], [bk, W]
-        positions = None if pos_ref is None else pos_ref[0]  # [bq, 1]
-        cols = _iota((1, bk), 1, kj * bk)
-        bias = tile_bias(code_ref[0], cols, positions)  # [bq, bk]
-        for h in range(plan.heads_per_block):
-            lanes = head_lanes(plan, h)
-            s = tile_scores(jnp.where(lanes, q, jnp.zeros((), q.dtype)), k, bias)
-            max_prev, sum_prev = max_scr[h][:, :1], sum_scr[h][:, :1]  # [bq, 1]
-            max_next = jnp.maximum(max_prev, s.max(axis=1, keepdims=True))
+        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
+            q, k, v = q_ref[0, rows_of, :], k_ref[0, rows_of, :], v_ref[0, rows_of, :]
+            s = tile_scores(k, q, bias)  # [bk, bq]
+            max_prev, sum_prev = max_scr[h : h + 1, :], sum_scr[h : h + 1, :]  # [1, bq]
+            max_next = jnp.maximum(max_prev, s.max(axis=0, keepdims=True))
             alpha = jnp.exp(max_prev - max_next)
             unnormalized = jnp.exp(s - max_next)
-            sum_next = alpha * sum_prev + unnormalized.sum(axis=1, keepdims=True)
-            max_scr[h] = jnp.broadcast_to(max_next, (bq, _LANES))
-            sum_scr[h] = jnp.broadcast_to(sum_next, (bq, _LANES))
-            head = head_block * plan.heads_per_block + h
-            rows = dropout_rows(plan, params, b, head, _iota((bq, 1), 0, qi * bq))
-            p = apply_dropout(plan, params, unnormalized.astype(v.dtype), rows, cols)
-            pv = jax.lax.dot(p, v, preferred_element_type=jnp.float32)  # [bq, W]
-            acc = acc_scr[...]
-            acc_scr[...] = jnp.where(lanes, acc * alpha + pv, acc)
+            sum_scr[h : h + 1, :] = alpha * sum_prev + unnormalized.sum(axis=0, keepdims=True)
+            max_scr[h : h + 1, :] = max_next
+            rows = dropout_rows(plan, params, b, head, queries)
+            p = apply_dropout(plan, params, unnormalized.astype(v.dtype), rows, keys)
+            pv = jax.lax.dot(v, p, preferred_element_type=jnp.float32)  # [D, bq]
+            acc_scr[rows_of, :] = acc_scr[rows_of, :] * alpha + pv
 
     @pl.when(kj == plan.num_k_blocks - 1)
     def _finish():
-        inverse = jnp.zeros((bq, plan.width), jnp.float32)
-        for h in range(plan.heads_per_block):
-            inverse = jnp.where(head_lanes(plan, h), 1.0 / sum_scr[h][:, :1], inverse)
-            # [bq, 128] lane-replicated -> [128, bq]: one row holds the bq row stats.
-            stats_ref[0, h, 0:1, :] = max_scr[h].T[0:1, :]
-            stats_ref[0, h, 1:2, :] = sum_scr[h].T[0:1, :]
-        o_ref[0] = (acc_scr[...] * inverse).astype(o_ref.dtype)
+        for h, (_, rows_of) in enumerate(_heads(plan, head_block)):
+            row_sum = sum_scr[h : h + 1, :]
+            o_ref[0, rows_of, :] = (acc_scr[rows_of, :] * (1.0 / row_sum)).astype(o_ref.dtype)
+            stats_ref[0, h, 0:1, :] = max_scr[h : h + 1, :]
+            stats_ref[0, h, 1:2, :] = row_sum
+
+
+def _probabilities_and_ds(plan, params, refs_at, stats_ref, h, head, bias, keys, queries, b):
+    """(p [bk, bq] float32, dropout(p) in dtype, dS in dtype) of one head's tile."""
+    q, k, v, do = refs_at
+    s = tile_scores(k, q, bias)
+    row_max, inverse_sum, di = (stats_ref[0, h, i : i + 1, :] for i in range(3))  # [1, bq]
+    p = jnp.exp(s - row_max) * inverse_sum
+    rows = dropout_rows(plan, params, b, head, queries)
+    dp = jax.lax.dot_general(v, do, _TN, preferred_element_type=jnp.float32)  # [bk, bq]
+    dp = apply_dropout(plan, params, dp, rows, keys)
+    ds = (p * (dp - di)).astype(q.dtype)
+    return p, rows, ds
 
 
 def dq_kernel(*refs, plan: Plan):
-    """Grid (B, N / hb, nq, nk): dq = sum over key blocks of dS K, dS = P (dropout(dO V^T) - di).
+    """Grid (B, N / hb, nq, nk): dq = sum over key blocks of K dS, dS = P (dropout(dP) - di).
 
-    ``stats`` <float32>[hb, 3, bq] holds (max, 1 / sum, di = rowsum(dO * O)) per row."""
-    inputs, pos_ref, (dq_ref, stats_scr, acc_scr) = _unpack(refs, plan, 8)
+    ``stats`` <float32>[hb, 3, bq] holds (max, 1 / sum, di = rowsum(dO * O)) per query."""
+    inputs, pos_ref, (dq_ref, acc_scr) = _unpack(refs, plan, 8)
     needed, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref = inputs
     b, head_block, qi, kj = (pl.program_id(i) for i in range(4))
-    bq, bk = plan.block_q, plan.block_k
 
     @pl.when(kj == 0)
     def _init():
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
-        for h in range(plan.heads_per_block):
-            for stat in range(3):  # row [1, bq] -> lane-replicated column [bq, 128], once
-                row = jnp.broadcast_to(stats_ref[0, h, stat : stat + 1, :], (_LANES, bq))
-                stats_scr[h * 3 + stat] = row.T
 
     @pl.when(kj < needed[b * plan.num_q_blocks + qi])
     def _step():
-        q, k, v, do = q_ref[0], k_ref[0], v_ref[0], do_ref[0]
-        positions = None if pos_ref is None else pos_ref[0]  # [bq, 1]
-        cols = _iota((1, bk), 1, kj * bk)
-        bias = tile_bias(code_ref[0], cols, positions)  # [bq, bk]
-        zero = jnp.zeros((), q.dtype)
-        for h in range(plan.heads_per_block):
-            lanes = head_lanes(plan, h)
-            s = tile_scores(jnp.where(lanes, q, zero), k, bias)
-            row_max, inverse_sum, di = (stats_scr[h * 3 + i][:, :1] for i in range(3))
-            p = jnp.exp(s - row_max) * inverse_sum
-            dp = jax.lax.dot_general(
-                jnp.where(lanes, do, zero), v, _NT, preferred_element_type=jnp.float32
+        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
+            refs_at = tuple(r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
+            _, _, ds = _probabilities_and_ds(
+                plan, params, refs_at, stats_ref, h, head, bias, keys, queries, b
             )
-            head = head_block * plan.heads_per_block + h
-            rows = dropout_rows(plan, params, b, head, _iota((bq, 1), 0, qi * bq))
-            dp = apply_dropout(plan, params, dp, rows, cols)
-            ds = (p * (dp - di)).astype(k.dtype)
-            dq = jax.lax.dot(ds, k, preferred_element_type=jnp.float32)  # [bq, W]
-            acc = acc_scr[...]
-            acc_scr[...] = jnp.where(lanes, acc + dq, acc)
+            k = refs_at[1]
+            acc_scr[rows_of, :] += jax.lax.dot(k, ds, preferred_element_type=jnp.float32)
 
     @pl.when(kj == plan.num_k_blocks - 1)
     def _finish():
@@ -220,13 +219,11 @@ def dq_kernel(*refs, plan: Plan):
 
 
 def dkv_kernel(*refs, plan: Plan):
-    """Grid (B, N / hb, nk, nq), transposed tiles [bk, bq] so the row stats broadcast over
-    sublanes: dV = sum_q dropout(P)^T dO, dK = sum_q dS^T Q."""
+    """Grid (B, N / hb, nk, nq): dV = sum_q dO dropout(P)^T, dK = sum_q Q dS^T."""
     inputs, pos_ref, rest = _unpack(refs, plan, 8)
     needed, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref = inputs
     dk_ref, dv_ref, dk_scr, dv_scr = rest
     b, head_block, kj, qi = (pl.program_id(i) for i in range(4))
-    bq, bk = plan.block_q, plan.block_k
 
     @pl.when(qi == 0)
     def _init():
@@ -235,25 +232,61 @@ def dkv_kernel(*refs, plan: Plan):
 
     @pl.when(kj < needed[b * plan.num_q_blocks + qi])
     def _step():
-        q, k, v, do = q_ref[0], k_ref[0], v_ref[0], do_ref[0]
-        positions = None if pos_ref is None else pos_ref[0]  # [1, bq]
-        cols = _iota((bk, 1), 0, kj * bk)  # key index, a column here
-        bias = tile_bias(code_ref[0], cols, positions)  # [bk, bq]
-        zero = jnp.zeros((), q.dtype)
-        for h in range(plan.heads_per_block):
-            lanes = head_lanes(plan, h)
-            q_head, do_head = jnp.where(lanes, q, zero), jnp.where(lanes, do, zero)
-            s = tile_scores(k, q_head, bias)  # [bk, bq]
-            row_max, inverse_sum, di = (stats_ref[0, h, i : i + 1, :] for i in range(3))
-            p = jnp.exp(s - row_max) * inverse_sum
-            head = head_block * plan.heads_per_block + h
-            rows = dropout_rows(plan, params, b, head, _iota((1, bq), 1, qi * bq))
-            p_dropped = apply_dropout(plan, params, p.astype(do.dtype), rows, cols)
-            dv_scr[...] += jax.lax.dot(p_dropped, do_head, preferred_element_type=jnp.float32)
-            dp = jax.lax.dot_general(v, do_head, _NT, preferred_element_type=jnp.float32)
-            dp = apply_dropout(plan, params, dp, rows, cols)
-            ds = (p * (dp - di)).astype(q.dtype)
-            dk_scr[...] += jax.lax.dot(ds, q_head, preferred_element_type=jnp.float32)
+        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
+            refs_at = tuple(r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
+            q, _, _, do = refs_at
+            p, rows, ds = _probabilities_and_ds(
+                plan, params, refs_at, stats_ref, h, head, bias, keys, queries, b
+            )
+            p_dropped = apply_dropout(plan, params, p.astype(do.dtype), rows, keys)
+            dv_scr[rows_of, :] += jax.lax.dot_general(
+                do, p_dropped, _NT, preferred_element_type=jnp.float32
+            )  # [D, bk]
+            dk_scr[rows_of, :] += jax.lax.dot_general(
+                q, ds, _NT, preferred_element_type=jnp.float32
+            )
+
+    @pl.when(qi == plan.num_q_blocks - 1)
+    def _finish():
+        dk_ref[0] = dk_scr[...].astype(dk_ref.dtype)
+        dv_ref[0] = dv_scr[...].astype(dv_ref.dtype)
+
+
+def backward_kernel(*refs, plan: Plan):
+    """Grid (B, N / hb, 1, nq), for a single key block (Lp = bk, every BERT length): dq, dk and
+    dv in one pass. A query block's dq needs no other key block, so it is written at its step;
+    dk and dv accumulate over the query blocks. Reads the forward's (max, sum) <float32>[hb, 2,
+    bq] and the context, and computes di = rowsum(dO * O) itself."""
+    inputs, pos_ref, rest = _unpack(refs, plan, 9)
+    _, params, q_ref, k_ref, v_ref, o_ref, do_ref, stats_ref, code_ref = inputs
+    dq_ref, dk_ref, dv_ref, dk_scr, dv_scr = rest
+    b, head_block, kj, qi = (pl.program_id(i) for i in range(4))
+
+    @pl.when(qi == 0)
+    def _init():
+        dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
+        dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
+
+    bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+    for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
+        q, k, v, do = (r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
+        o = o_ref[0, rows_of, :]
+        di = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=0, keepdims=True)
+        s = tile_scores(k, q, bias)  # [bk, bq]
+        row_max, row_sum = stats_ref[0, h, 0:1, :], stats_ref[0, h, 1:2, :]
+        p = jnp.exp(s - row_max) * (1.0 / row_sum)
+        rows = dropout_rows(plan, params, b, head, queries)
+        dp = jax.lax.dot_general(v, do, _TN, preferred_element_type=jnp.float32)
+        dp = apply_dropout(plan, params, dp, rows, keys)
+        ds = (p * (dp - di)).astype(q.dtype)
+        dq = jax.lax.dot(k, ds, preferred_element_type=jnp.float32)  # [D, bq], whole
+        dq_ref[0, rows_of, :] = dq.astype(dq_ref.dtype)
+        p_dropped = apply_dropout(plan, params, p.astype(do.dtype), rows, keys)
+        dv_scr[rows_of, :] += jax.lax.dot_general(
+            do, p_dropped, _NT, preferred_element_type=jnp.float32
+        )
+        dk_scr[rows_of, :] += jax.lax.dot_general(q, ds, _NT, preferred_element_type=jnp.float32)
 
     @pl.when(qi == plan.num_q_blocks - 1)
     def _finish():

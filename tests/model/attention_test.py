@@ -58,6 +58,7 @@ class Case(NamedTuple):
     queries: int | None = None  # None: every position; else that many query_positions
     dtype: str = "float32"
     block: int | None = None  # block_q = block_k; None: the defaults
+    block_k: int | None = None  # else block_k, when it differs
     tpu_interpret: bool = False  # TPU interpret mode (NaN for uninitialised memory, DMAs)
     batch: int = 3
     heads: int = 2
@@ -181,6 +182,9 @@ FUSED_CASES = [
     Case(200, causal=True, rate=0.1, queries=20, block=128),
     Case(128, causal=False, rate=0.1, dtype="bfloat16"),
     Case(200, causal=True, rate=0.1, dtype="bfloat16", block=128),
+    # One key block, two query blocks: the single backward kernel accumulates dk/dv over them.
+    Case(256, causal=True, rate=0.1, block=128, block_k=256, tpu_interpret=True),
+    Case(230, causal=False, rate=0.1, queries=20, dtype="bfloat16", block=128, block_k=256),
 ]
 
 
@@ -189,7 +193,8 @@ def test_fused_kernel_equals_xla_path(case):
     inputs, positions, cotangent = _inputs(case)
     positions = None if positions is None else jnp.asarray(positions)
     interpret = pltpu.InterpretParams() if case.tpu_interpret else True
-    fused_fn = _impl("flash", case, block_q=case.block, block_k=case.block, interpret=interpret)
+    block_k = case.block_k or case.block
+    fused_fn = _impl("flash", case, block_q=case.block, block_k=block_k, interpret=interpret)
     fused = _value_and_grads(fused_fn, inputs, positions, cotangent, _seed(case))
     xla = _value_and_grads(_impl("xla", case), inputs, positions, cotangent, _seed(case))
     names = ("context", "dq", "dk", "dv")
