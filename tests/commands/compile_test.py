@@ -154,3 +154,27 @@ def test_hlo_bytes_reconstructs_the_compilers_count():
     assert counted["optimizer, loss, gradient norm"] > 0
     assert 0 < sum(hbm.values()) < sum(counted.values())
     assert "of it on arrays in HBM" in module.report(compiled, hlo_text, tpu)
+
+
+def test_fused_attention_needs_no_layout_copies_and_one_backward_kernel():
+    """The kernels take q, k, v as [B, N*D, L], the layout the TPU compiler itself gives the
+    [B, L, N, D] projections for D = 64, so it copies none of them, nor the context or the
+    gradients, around the kernels (what it still copies is the position and mask rows, and the
+    last layer's gathered MLM queries before their padding); with one key block dq, dk and dv
+    come from a single backward kernel. Grouped as bench/hlo_bytes.py groups the HLO."""
+    config = _config(dtype="bfloat16").unlock()
+    config.mesh.shape = (4, 1, 1)
+    config.data.max_seq_length = 128  # no padding: the kernels see the projections' arrays
+    module = _hlo_bytes()
+    compiled, _ = module.compile_train_step(config.lock(), "v5litepod-4")
+    parts = [
+        (module.part_of(opcode, op_name, line), size)
+        for opcode, size, _, op_name, line in module.entry_instructions(compiled.as_text())
+    ]
+    per_chip = config.train.global_batch_size // 4
+    activation = per_chip * 128 * config.model.hidden_size * 2  # one bf16 [B, L, N*D] array
+    copies = [size for part, size in parts if part.endswith("attention layout copies")]
+    assert max(copies, default=0) < activation / 4, copies
+    layers = config.model.num_layers
+    assert [p for p, _ in parts].count("layers forward: attention kernel") == layers
+    assert [p for p, _ in parts].count("layers backward: attention kernel") == layers
