@@ -36,8 +36,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.attention = "bidirectional"  # 'causal' = the paper's left-to-right ablation
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
-    # auto: the Pallas flash kernel (attention dropout inside) on TPU, cuDNN on GPU for calls
-    # without dropout, XLA elsewhere | xla | fused. The same function either way.
+    # auto: the Pallas flash kernels (attention dropout inside) on TPU and GPU (cuDNN on GPU for
+    # 16-bit calls without dropout), XLA on CPU | xla | fused. The same function either way.
     config.model.attention_impl = "auto"
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
     # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still

@@ -17,6 +17,8 @@ Implementations (``backend.attention_kernel`` picks one from ``config.model.atte
 * ``flash_tpu``: the Pallas kernel of ``flash_tpu.py``: the same function, dropout included,
   without ever writing the scores; under a mesh it runs per (batch, heads) shard with the mesh
   axes of the logical rules for ``act_batch`` and ``act_heads``.
+* ``flash_gpu``: the Pallas GPU (Triton) kernels of ``flash_gpu.py``: the same function,
+  dropout included, for GPU calls cuDNN cannot run (dropout, float32); sharded the same way.
 * ``cudnn``: ``jax.nn.dot_product_attention`` with cuDNN on GPU, for calls without dropout.
 """
 
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from bertjax.model import axes, backend, flash_tpu
+from bertjax.model import axes, backend, flash_gpu, flash_tpu
 from bertjax.model.dropout import dropout
 
 MASK_VALUE = -1e9
@@ -88,14 +90,15 @@ def attention(
         dropout_rate=dropout_rate,
         dropout_seed=dropout_seed,
     )
+    fused = flash_tpu if kernel == "flash_tpu" else flash_gpu
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return flash_tpu.flash_attention(*args, **options)
+        return fused.flash_attention(*args, **options)
     batch_axes, head_axes = (
         () if names is None else (names,) if isinstance(names, str) else tuple(names)
         for names in nn.logical_to_mesh_axes((axes.ACT_BATCH, axes.ACT_HEADS))
     )
-    return flash_tpu.flash_attention(
+    return fused.flash_attention(
         *args, mesh=mesh, batch_axes=batch_axes, head_axes=head_axes, **options
     )
 

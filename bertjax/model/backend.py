@@ -7,10 +7,10 @@ builders do, from their mesh's devices, so ``python -m bertjax.compile`` on a CP
 TPU forms); without it, JAX's default backend.
 
 * :func:`attention_kernel`: which attention ``config.model.attention_impl`` runs. ``'auto'``: the
-  Pallas flash kernel on TPU (``flash_tpu``); cuDNN's fused attention on GPU when the call has no
-  dropout (eval, or a rate of 0) and the dtype is 16-bit, else XLA; XLA on CPU. ``'fused'``: the
-  Pallas kernel on TPU and CPU (interpret mode: for tests), cuDNN on GPU (no dropout there:
-  cuDNN cannot apply the counter-hash mask). ``'xla'``: XLA everywhere.
+  Pallas flash kernel on TPU (``flash_tpu``); on GPU cuDNN's fused attention when the call has no
+  dropout (eval, or a rate of 0) and the dtype is 16-bit, else the Pallas GPU (Triton) flash
+  kernel with the same dropout (``flash_gpu``); XLA on CPU. ``'fused'``: the same on TPU and GPU,
+  and the Pallas TPU kernel in interpret mode on CPU (for tests). ``'xla'``: XLA everywhere.
 * :func:`dense_dot`: on CPU a projection runs as one 2-D GEMM over reshaped operands
   (``[tokens, in] x [in, out]``); XLA:CPU ran BERT's steps with 6-16% less CPU time that way than
   as a ``dot_general`` on the multi-dimensional ``[B, L, N, D]`` / ``[H, N, D]`` forms (the step
@@ -49,7 +49,7 @@ def platform() -> str:
 
 
 def attention_kernel(impl: str, *, dropout: bool, dtype) -> str:
-    """'xla' | 'flash_tpu' | 'cudnn' for ``impl`` 'auto' | 'xla' | 'fused' (module doc)."""
+    """'xla' | 'flash_tpu' | 'flash_gpu' | 'cudnn' for ``impl`` 'auto' | 'xla' | 'fused'."""
     where = platform()
     if impl == "xla" or (impl == "auto" and where == "cpu"):
         return "xla"
@@ -57,13 +57,7 @@ def attention_kernel(impl: str, *, dropout: bool, dtype) -> str:
         return "flash_tpu"
     if not dropout and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
         return "cudnn"
-    if impl == "auto":
-        return "xla"
-    raise ValueError(
-        f"attention_impl='fused' on GPU is cuDNN's fused attention, which takes float16/bfloat16 "
-        f"and has no attention dropout (this call: dtype {jnp.dtype(dtype).name}, dropout "
-        f"{'on' if dropout else 'off'}); use attention_impl='auto' (XLA where cuDNN cannot run)"
-    )
+    return "flash_gpu"
 
 
 def flat_dense_dots() -> bool:

@@ -48,8 +48,9 @@ class BertConfig:
     attention: str = "bidirectional"  # 'causal' for the paper's left-to-right ablation
     scan_layers: bool = False
     remat_policy: str = "none"
-    # Which attention runs: 'auto' (the Pallas flash kernel on TPU, cuDNN on GPU without
-    # dropout, else XLA), 'xla' or 'fused'; the same function either way (bertjax.model.backend).
+    # Which attention runs: 'auto' (the Pallas flash kernel on TPU; on GPU cuDNN without dropout,
+    # else the Pallas GPU flash kernel; XLA on CPU), 'xla' or 'fused'; the same function either
+    # way (bertjax.model.backend).
     attention_impl: str = "auto"
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
     # positions its heads read ([CLS] and the masked positions; K/V still see every position):

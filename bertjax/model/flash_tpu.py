@@ -22,9 +22,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jax.sharding import PartitionSpec as P
 
 from bertjax.model import backend
+from bertjax.model import flash_common as common
 from bertjax.model import flash_tpu_calls as calls
 from bertjax.model import flash_tpu_kernels as kernels
 
@@ -46,55 +46,20 @@ def flash_attention(
 ):
     """The fused kernel; shapes, dtypes and ``kwargs`` as ``bertjax.model.attention.attention``.
 
-    With a ``mesh`` (concrete or abstract) the batch is split over mesh axes ``batch_axes`` and
-    the heads over ``head_axes`` (sequences of mesh axis names, from the logical axis rules; may
-    be empty): the kernel runs per shard under ``shard_map`` with the shard's global batch and
-    head offsets (``axis_index``), so its dropout mask is the unsharded array's. ``kwargs``:
+    With a ``mesh`` it runs per (batch, heads) shard (``flash_common.sharded``). ``kwargs``:
     ``causal, query_positions, dropout_rate, dropout_seed`` and optionally ``block_q, block_k,
     interpret``.
     """
-    batch, num_queries, num_heads, _ = query.shape
-    if mesh is None:
-        return _fused_attention(
-            query, key, value, key_mask, kwargs.pop("query_positions"), kwargs.pop("dropout_seed"),
-            jnp.zeros(2, jnp.int32), total_heads=num_heads, total_queries=num_queries, **kwargs,
-        )  # fmt: skip
-    query_positions, seed = kwargs.pop("query_positions"), kwargs.pop("dropout_seed")
-    if query_positions is None:  # what None means, made explicit: shard_map needs arrays
-        query_positions = jnp.broadcast_to(
-            jnp.arange(num_queries, dtype=jnp.int32), (batch, num_queries)
-        )
-    if seed is None:
-        seed, kwargs["dropout_rate"] = jnp.zeros(2, jnp.uint32), 0.0
-
-    def shard(q, k, v, mask, positions, seed):
-        batch_index = jax.lax.axis_index(batch_axes) if batch_axes else 0
-        head_index = jax.lax.axis_index(head_axes) if head_axes else 0
-        offsets = jnp.stack([batch_index * q.shape[0], head_index * q.shape[2]])
-        return _fused_attention(
-            q, k, v, mask, positions, seed, offsets.astype(jnp.int32),
-            total_heads=num_heads, total_queries=num_queries, **kwargs,
-        )  # fmt: skip
-
-    batch_spec, head_spec = batch_axes or None, head_axes or None
-    qkv_spec, row_spec = P(batch_spec, None, head_spec, None), P(batch_spec, None)
-    return jax.shard_map(
-        shard,
-        mesh=mesh,
-        in_specs=(qkv_spec, qkv_spec, qkv_spec, row_spec, row_spec, P()),
-        out_specs=qkv_spec,
-        check_vma=False,  # pallas_call carries no varying-axes types
-    )(query, key, value, key_mask, query_positions, seed)
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
+    return common.sharded(
+        _fused_attention, query, key, value, key_mask, mesh=mesh, batch_axes=batch_axes,
+        head_axes=head_axes, **kwargs,
+    )  # fmt: skip
 
 
 def _default_block(length: int, limit: int) -> int:
     """The largest multiple of 128 up to ``limit`` dividing the 128-padded length: no padding
     beyond the next 128 (L = 384 gives 128-row query blocks, not 256 and a third wasted)."""
-    padded = _round_up(length, _LANES)
+    padded = common.round_up(length, _LANES)
     return max(b for b in range(_LANES, min(limit, padded) + 1, _LANES) if padded % b == 0)
 
 
@@ -120,8 +85,8 @@ def _make_plan(
         heads_per_block=_heads_per_block(num_heads, head_dim),
         block_q=block_q,
         block_k=block_k,
-        padded_queries=_round_up(num_queries, block_q),
-        padded_keys=_round_up(length, block_k),
+        padded_queries=common.round_up(num_queries, block_q),
+        padded_keys=common.round_up(length, block_k),
         causal=causal,
         dropout_rate=float(dropout_rate),
         interpret=backend.platform() != "tpu" if interpret is None else interpret,
@@ -131,57 +96,21 @@ def _make_plan(
 
 def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets, **options):
     """Pads to whole blocks, runs the kernels, drops the padding. ``offsets`` <int32>[2]: the
-    shard's first global example and head. Shapes as :func:`attention`."""
+    shard's first global example and head. Shapes as :func:`flash_attention`."""
     if seed is None:
         options["dropout_rate"] = 0.0
     plan = _make_plan(query, key, **options)
     batch, num_queries, num_heads, head_dim = query.shape
-    length = key.shape[1]
+    aux = common.kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries)
 
     def flat(x, padded):  # [B, T, N, D] -> zero-padded [B, N * D, padded] (kernels' layout)
         x = x.reshape(batch, x.shape[1], num_heads * head_dim).transpose(0, 2, 1)
         return jnp.pad(x, ((0, 0), (0, 0), (0, padded - x.shape[2])))
 
-    code = jnp.pad(  # 1 real, 0 masked, -1 padding key
-        (key_mask != 0).astype(jnp.int32),
-        ((0, 0), (0, plan.padded_keys - length)),
-        constant_values=-1,
-    )
-    if query_positions is None:
-        query_positions = jnp.broadcast_to(jnp.arange(num_queries), (batch, num_queries))
-    positions = jnp.pad(
-        query_positions.astype(jnp.int32), ((0, 0), (0, plan.padded_queries - num_queries))
-    )
-    needed = _blocks_needed(plan, code, positions, num_queries)
-    if not plan.dropout:
-        seed = jnp.zeros(2, jnp.uint32)
-    seed = jax.lax.bitcast_convert_type(seed.astype(jnp.uint32), jnp.int32)
-    params = jnp.concatenate([seed, offsets.astype(jnp.int32)])
-    aux = (code, positions, needed, params)
     q = flat(query, plan.padded_queries)
     context = _flash(plan, q, flat(key, plan.padded_keys), flat(value, plan.padded_keys), aux)
     context = context[:, :, :num_queries].transpose(0, 2, 1)
     return context.reshape(batch, num_queries, num_heads, head_dim)
-
-
-def _blocks_needed(plan, code, positions, num_queries) -> jax.Array:
-    """<int32>[B * nq]: leading key blocks each query block must visit.
-
-    A row with an allowed key gets exactly 0 from every key after its last allowed one (its
-    max is a real logit, so exp(-1e9 + ...) underflows); a row with none is uniform over all
-    keys and needs every block. Padding rows need only block 0 (they are dropped).
-    """
-    real = jnp.where(code == 1, jnp.arange(plan.padded_keys), -1)  # [B, Lp]
-    if plan.causal:  # last real key at or before each position
-        last_real_upto = jax.lax.cummax(real, axis=1)
-        clipped = jnp.clip(positions, 0, plan.padded_keys - 1)
-        last_allowed = jnp.take_along_axis(last_real_upto, clipped, axis=1)
-        last_allowed = jnp.where(positions < 0, -1, last_allowed)
-    else:
-        last_allowed = jnp.broadcast_to(real.max(axis=1, keepdims=True), positions.shape)
-    blocks = jnp.where(last_allowed < 0, plan.num_k_blocks, last_allowed // plan.block_k + 1)
-    blocks = jnp.where(jnp.arange(plan.padded_queries) < num_queries, blocks, 1)
-    return blocks.reshape(plan.batch * plan.num_q_blocks, plan.block_q).max(axis=1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -190,9 +119,7 @@ def _flash(plan, q, k, v, aux):
     return calls.forward_call(plan, q, k, v, aux)[0]
 
 
-# Names of the forward kernel's outputs, so a remat policy can keep them rather than re-run the
-# kernel in the backward pass (``bertjax.model.encoder``'s 'dots_attention' / 'attention').
-CHECKPOINT_NAMES = ("flash_context", "flash_stats")
+CHECKPOINT_NAMES = common.CHECKPOINT_NAMES
 
 
 def _flash_fwd(plan, q, k, v, aux):

@@ -9,20 +9,11 @@ it computes is transposed, [bk, bq]: keys on sublanes, queries on lanes. The per
 stats are then [1, bq] rows, the layout they have in HBM, and every product is a plain or a
 last-dims-contracting MXU matmul except the two that contract D (s and dP, [D, bk]^T x [D, bq]).
 
-Per tile every kernel recomputes, for the (query, key) pairs it owns,
-
-    s = float32(dtype(q . k)) + bias      bias: 0 allowed, -1e9 masked, -inf padding key
-    p = exp(s - m) / l                    m, l: per-query max and sum over all keys (forward)
-    keep, scale = counter-hash dropout of the global (b, n, q, k)  (``bertjax.model.dropout``)
-
-which is the XLA path's arithmetic, so a tile's probabilities equal the [B, N, Q, L] array's.
-The logits are rounded through ``dtype`` because the XLA einsum returns them in ``dtype``.
-
-Scalar-prefetched operands: ``needed`` <int32>[B * nq], the number of leading key blocks query
-block qi of example b must visit (later blocks hold only masked keys, which add exactly 0), and
-``params`` <int32>[4] = (seed0, seed1, batch_offset, head_offset). Forward and backward visit the
-same (query block, key block) pairs, so a recomputed ``s - m`` is never positive. With a single
-key block (``backward_kernel``) every pair is visited.
+Per tile every kernel recomputes the probabilities and the dropout mask of the (query, key)
+pairs it owns, with the tile math of ``flash_common.py``. Scalar-prefetched operands: ``needed``
+and ``params`` (``flash_common.kernel_inputs``). Forward and backward visit the same (query block,
+key block) pairs, so a recomputed ``s - m`` is never positive. With a single key block
+(``backward_kernel``) every pair is visited.
 """
 
 from __future__ import annotations
@@ -35,8 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from bertjax.model import dropout as dropout_lib
+from bertjax.model.flash_common import apply_dropout, dropout_rows, tile_bias
 
-MASK_VALUE = -1e9  # the XLA path's additive mask (finite: an all-masked row is uniform)
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [D, m] x [D, n] -> [m, n]
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, W] x [n, W] -> [m, n]
 
@@ -76,39 +67,10 @@ class Plan:
         return dropout_lib.keep_threshold(self.dropout_rate) > 0
 
 
-def tile_bias(code, key_index, positions) -> jax.Array:
-    """Additive <float32> bias from broadcastable key codes (1 real, 0 masked, -1 padding),
-    global key indices and query positions (None: bidirectional)."""
-    allowed = code == 1
-    if positions is not None:
-        allowed = allowed & (key_index <= positions)
-    masked = jnp.where(allowed, jnp.float32(0.0), jnp.float32(MASK_VALUE))
-    # -inf, not -1e9: a padding key must add exactly 0 even to a row whose keys are all masked.
-    return jnp.where(code < 0, jnp.float32(-jnp.inf), masked)
-
-
 def tile_scores(k, q, bias) -> jax.Array:
     """<float32>[bk, bq] = float32(dtype(k^T q)) + bias, for k <dtype>[D, bk], q [D, bq]."""
     dot = jax.lax.dot_general(k, q, _TN, preferred_element_type=jnp.float32)
     return dot.astype(q.dtype).astype(jnp.float32) + bias
-
-
-def dropout_rows(plan: Plan, params_ref, batch, head, query_index) -> jax.Array:
-    """Global dropout rows (b * N + n) * Q + q, <int32> wrapping like the uint32 XLA path, for
-    local example ``batch``, head ``head`` and global query indices ``query_index``."""
-    global_batch = params_ref[2] + batch
-    global_head = params_ref[3] + head
-    return (global_batch * plan.total_heads + global_head) * plan.total_queries + query_index
-
-
-def apply_dropout(plan: Plan, params_ref, x, rows, cols):
-    """``x`` with the tile's mask applied and kept elements rescaled (identity at rate 0)."""
-    if not plan.dropout:
-        return x
-    seed = (params_ref[0], params_ref[1])
-    keep = dropout_lib.keep_mask_tile(seed, plan.dropout_rate, rows, cols)
-    scale = jnp.asarray(dropout_lib.keep_scale(plan.dropout_rate), x.dtype)
-    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
 
 
 def _iota(shape, dim, start):

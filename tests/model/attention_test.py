@@ -1,8 +1,9 @@
 """Attention against references: the model's original attention code (copied below), the XLA
-path (for the Pallas flash kernel, run in interpret mode on CPU, and for the cuDNN wrapper, run
-through JAX's own XLA implementation), a numpy transcription of the dropout hash, definitions
-(an all-masked row is uniform over the keys), and the unsharded computation (for the kernel under
-shard_map on 8 fake devices, called directly and through the model's dispatch)."""
+path (for the Pallas TPU and GPU flash kernels, run in interpret mode on CPU, and for the cuDNN
+wrapper, run through JAX's own XLA implementation), a numpy transcription of the dropout hash,
+definitions (an all-masked row is uniform over the keys), the unsharded computation (for the
+kernels under shard_map on 8 fake devices, called directly and through the model's dispatch),
+and JAX's Triton lowering (the GPU kernels lower for 'cuda' on this CPU-only machine)."""
 
 import functools
 from typing import NamedTuple
@@ -11,11 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import export
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax.model import attention, backend, flash_tpu
+from bertjax.model import attention, backend, flash_gpu, flash_tpu
 from bertjax.model import dropout as dropout_lib
 from bertjax.training import sharding
 
@@ -99,16 +101,20 @@ def _value_and_grads(attention_fn, inputs, positions, cotangent, seed):
     return context, grads
 
 
+FLASH = {"flash": flash_tpu, "flash_gpu": flash_gpu}
+
+
 def _impl(impl, case: Case, **options):
-    """'xla' through attention.attention, 'flash' the kernel itself (``options``: blocks)."""
+    """'xla' through attention.attention, 'flash' / 'flash_gpu' the TPU / GPU kernel itself
+    (``options``: blocks, interpret)."""
 
     def attention_fn(query, key, value, key_mask, positions, seed):
         kwargs = dict(
             causal=case.causal, query_positions=positions, dropout_rate=case.rate,
             dropout_seed=seed,
         )  # fmt: skip
-        if impl == "flash":
-            return flash_tpu.flash_attention(query, key, value, key_mask, **kwargs, **options)
+        if impl in FLASH:
+            return FLASH[impl].flash_attention(query, key, value, key_mask, **kwargs, **options)
         return attention.attention(query, key, value, key_mask, impl=impl, **kwargs)
 
     return attention_fn
@@ -195,6 +201,30 @@ def test_fused_kernel_equals_xla_path(case):
     interpret = pltpu.InterpretParams() if case.tpu_interpret else True
     block_k = case.block_k or case.block
     fused_fn = _impl("flash", case, block_q=case.block, block_k=block_k, interpret=interpret)
+    _assert_matches_xla(case, fused_fn, inputs, positions, cotangent)
+
+
+GPU_CASES = [
+    Case(128, causal=False, rate=0.1),
+    Case(100, causal=True, rate=0.1, block=32),
+    Case(200, causal=True, rate=0.1, queries=20),
+    Case(128, causal=False, rate=0.1, queries=20, head_dim=24),  # D padded to 32
+    Case(128, causal=False, rate=0.1, dtype="bfloat16"),
+    Case(200, causal=True, rate=0.0, dtype="bfloat16", block=32),
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_gpu_kernel_equals_xla_path(case):
+    inputs, positions, cotangent = _inputs(case)
+    positions = None if positions is None else jnp.asarray(positions)
+    fused_fn = _impl("flash_gpu", case, block_q=case.block, block_k=case.block, interpret=True)
+    _assert_matches_xla(case, fused_fn, inputs, positions, cotangent)
+
+
+def _assert_matches_xla(case: Case, fused_fn, inputs, positions, cotangent):
+    """Context and gradients of ``fused_fn`` equal the XLA path's: within float32 rounding, or
+    in bfloat16 as close to the float32 truth as the XLA path itself is."""
     fused = _value_and_grads(fused_fn, inputs, positions, cotangent, _seed(case))
     xla = _value_and_grads(_impl("xla", case), inputs, positions, cotangent, _seed(case))
     names = ("context", "dq", "dk", "dv")
@@ -205,7 +235,6 @@ def test_fused_kernel_equals_xla_path(case):
             scale = float(jnp.abs(want).max())
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
         return
-    # bfloat16: the kernel must be as close to float32 truth as the XLA path is.
     truth_inputs = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in inputs)
     truth = _value_and_grads(_impl("xla", case), truth_inputs, positions, cotangent, _seed(case))
     for name, got, ref, want in zip(
@@ -236,14 +265,15 @@ def test_all_masked_row_is_uniform_over_keys_and_saves_no_score_array():
     assert max(sizes) == padded_keys
 
 
-def test_sharded_fused_equals_unsharded_xla_with_dropout():
+@pytest.mark.parametrize("kernel", ["flash", "flash_gpu"])
+def test_sharded_fused_equals_unsharded_xla_with_dropout(kernel):
     mesh = sharding.create_mesh((2, 2, 2))  # the model's ('data', 'fsdp', 'tensor') mesh
     case = Case(128, causal=True, rate=0.1, batch=4, heads=2, queries=24)
     inputs, positions, cotangent = _inputs(case)
     positions = jnp.asarray(positions)
 
     def sharded_fn(query, key, value, key_mask, positions, seed):
-        return flash_tpu.flash_attention(
+        return FLASH[kernel].flash_attention(
             query, key, value, key_mask, mesh=mesh, batch_axes=("data", "fsdp"),
             head_axes=("tensor",), causal=True, query_positions=positions, dropout_rate=0.1,
             dropout_seed=seed, interpret=True,
@@ -289,15 +319,47 @@ def test_cudnn_wrapper_computes_the_xla_path(case):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_auto_picks_per_platform_and_fused_refuses_dropout_on_gpu():
+def test_auto_picks_per_platform():
     pick = lambda platform, impl, dropout, dtype="bfloat16": _pick(platform, impl, dropout, dtype)
     assert pick("tpu", "auto", True) == "flash_tpu"
     assert pick("cpu", "auto", True) == "xla" and pick("cpu", "fused", True) == "flash_tpu"
-    assert pick("gpu", "auto", False) == "cudnn" and pick("gpu", "auto", True) == "xla"
-    assert pick("gpu", "auto", False, "float32") == "xla"
-    assert pick("tpu", "xla", False) == "xla"
-    with pytest.raises(ValueError, match="attention_impl='fused' on GPU is cuDNN"):
-        pick("gpu", "fused", True)
+    assert pick("gpu", "auto", False) == "cudnn" and pick("gpu", "fused", False) == "cudnn"
+    assert pick("gpu", "auto", True) == "flash_gpu" and pick("gpu", "fused", True) == "flash_gpu"
+    assert pick("gpu", "auto", False, "float32") == "flash_gpu"
+    assert pick("tpu", "xla", False) == "xla" and pick("gpu", "xla", True) == "xla"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_kernels_lower_to_triton_for_cuda(causal):
+    """The GPU path as a BERT train step runs it (bf16, dropout, the model's dispatch) lowers for
+    'cuda' on this CPU machine: JAX's Pallas-to-Triton lowering accepts every kernel (forward,
+    dq, dk/dv), and no [B, N, Q, L] array is left in the HLO. (Triton's own compile to PTX
+    happens on a GPU.)"""
+    batch, length, heads, head_dim = 2, 128, 2, 64
+
+    def loss(query, key, value, key_mask, seed):
+        context = attention.attention(
+            query, key, value, key_mask, causal=causal, query_positions=None, dropout_rate=0.1,
+            dropout_seed=seed, impl="auto",
+        )  # fmt: skip
+        return context.astype(jnp.float32).sum()
+
+    qkv = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.bfloat16)
+    args = (qkv, qkv, qkv, jax.ShapeDtypeStruct((batch, length), jnp.int32))
+    args += (jax.ShapeDtypeStruct((2,), jnp.uint32),)
+    triton = "__gpu$xla.gpu.triton"
+    with backend.target("gpu"):
+        exported = export.export(
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
+            platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)],
+        )(*args)
+    module = exported.mlir_module()
+    assert module.count(triton) == 3
+    for name in ("flash_gpu_forward", "flash_gpu_dq", "flash_gpu_dkv"):
+        assert f'name = "{name}"' in module, name
+    scores = f"tensor<{batch}x{heads}x{length}x{length}x"
+    assert scores not in module
 
 
 def _pick(platform, impl, dropout, dtype):

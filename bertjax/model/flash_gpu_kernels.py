@@ -1,0 +1,185 @@
+"""Pallas GPU (Triton) kernels of the fused attention: forward, dq, and dk/dv (``flash_gpu.py``).
+
+Layouts are the model's own, [B, T, N, D] (D padded to a power of two, T to whole blocks): a
+program reads one head's [block, D] rows with strided loads, so no transposes surround the
+kernels. Tiles are [bq, bk], queries on rows; per-query stats are float32 [bq] vectors, stored
+as <float32>[B, N, Qp] (max, sum) and, for the backward, di = rowsum(dO * O).
+
+Each program owns one (example, head) and one query block (forward, dq: grid (B, N, nq), a loop
+over the key blocks it ``needed``) or one key block (dk/dv: grid (B, N, nk), a loop over the
+query blocks that visit it). Per tile it recomputes the probabilities and the dropout mask with
+the tile math of ``flash_common.py``, so forward and backward visit the same (query block, key
+block) pairs and a recomputed ``s - m`` is never positive. ``needed`` and ``params``
+(``flash_common.kernel_inputs``) are whole-array operands read with scalar loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from bertjax.model import dropout as dropout_lib
+from bertjax.model.flash_common import apply_dropout, dropout_rows, tile_bias
+
+_NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, D] x [n, D] -> [m, n]
+_TN = (((0,), (0,)), ((), ()))  # contract the first dims: [m, n] x [m, D] -> [n, D]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static description of one fused-attention call (hashable: a custom_vjp static arg)."""
+
+    batch: int  # local (per shard) B
+    num_heads: int  # local N
+    head_dim: int  # D padded to a power of two >= 16 (Triton's tile and dot minimum)
+    block_q: int
+    block_k: int
+    padded_queries: int  # Qp
+    padded_keys: int  # Lp
+    causal: bool
+    dropout_rate: float
+    total_heads: int  # global N: the dropout row index is global
+    total_queries: int  # global Q
+    interpret: bool  # run on the host (CPU tests) instead of lowering to Triton
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def num_q_blocks(self) -> int:
+        return self.padded_queries // self.block_q
+
+    @property
+    def num_k_blocks(self) -> int:
+        return self.padded_keys // self.block_k
+
+    @property
+    def dropout(self) -> bool:
+        return dropout_lib.keep_threshold(self.dropout_rate) > 0
+
+
+def _scores(q, k, bias) -> jax.Array:
+    """<float32>[bq, bk] = float32(dtype(q k^T)) + bias, for q <dtype>[bq, D], k [bk, D]."""
+    dot = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
+    return dot.astype(q.dtype).astype(jnp.float32) + bias
+
+
+class _Tile:
+    """Index vectors and bias of tile (qi, kj) of one (example, head) program."""
+
+    def __init__(self, plan: Plan, params_ref, code, positions, b, h, qi, kj):
+        self.plan, self.params_ref = plan, params_ref
+        self.queries = (qi * plan.block_q + jnp.arange(plan.block_q, dtype=jnp.int32))[:, None]
+        self.keys = (kj * plan.block_k + jnp.arange(plan.block_k, dtype=jnp.int32))[None, :]
+        query_positions = None if positions is None else positions[:, None]
+        self.bias = tile_bias(code[None, :], self.keys, query_positions)  # [bq, bk]
+        self.rows = dropout_rows(plan, params_ref, b, h, self.queries)  # [bq, 1]
+
+    def dropout(self, x):
+        return apply_dropout(self.plan, self.params_ref, x, self.rows, self.keys)
+
+
+def _blocks(plan: Plan, kj):
+    return pl.ds(pl.multiple_of(kj * plan.block_k, plan.block_k), plan.block_k)
+
+
+def _query_blocks(plan: Plan, qi):
+    return pl.ds(pl.multiple_of(qi * plan.block_q, plan.block_q), plan.block_q)
+
+
+def forward_kernel(*refs, plan: Plan):
+    """Online softmax over the needed key blocks; writes the context [bq, D] and the per-query
+    max and sum <float32>[bq]."""
+    needed_ref, params_ref, q_ref, k_ref, v_ref, code_ref, *rest = refs
+    pos_ref, (o_ref, max_ref, sum_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    b, h, qi = (pl.program_id(i) for i in range(3))
+    q = q_ref[...]
+    positions = None if pos_ref is None else pos_ref[...]
+
+    def step(kj, carry):
+        acc, row_max, row_sum = carry
+        keys = _blocks(plan, kj)
+        tile = _Tile(plan, params_ref, code_ref[keys], positions, b, h, qi, kj)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        s = _scores(q, k, tile.bias)
+        max_next = jnp.maximum(row_max, s.max(axis=1))
+        alpha = jnp.exp(row_max - max_next)
+        unnormalized = jnp.exp(s - max_next[:, None])
+        row_sum = alpha * row_sum + unnormalized.sum(axis=1)
+        p = tile.dropout(unnormalized.astype(v.dtype))
+        pv = jax.lax.dot(p, v, preferred_element_type=jnp.float32)  # [bq, D]
+        return acc * alpha[:, None] + pv, max_next, row_sum
+
+    init = (
+        jnp.zeros((plan.block_q, plan.head_dim), jnp.float32),
+        jnp.full((plan.block_q,), -jnp.inf, jnp.float32),
+        jnp.zeros((plan.block_q,), jnp.float32),
+    )
+    needed = needed_ref[b * plan.num_q_blocks + qi]
+    acc, row_max, row_sum = jax.lax.fori_loop(0, needed, step, init)
+    o_ref[...] = (acc * (1.0 / row_sum)[:, None]).astype(o_ref.dtype)
+    max_ref[...] = row_max
+    sum_ref[...] = row_sum
+
+
+def _probabilities_and_ds(tile: _Tile, q, k, v, do, row_max, inverse_sum, di):
+    """(p [bq, bk] float32, dS in dtype) of one tile: dS = P (dropout(dO V^T) - di)."""
+    p = jnp.exp(_scores(q, k, tile.bias) - row_max[:, None]) * inverse_sum[:, None]
+    dp = tile.dropout(jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32))
+    return p, (p * (dp - di[:, None])).astype(q.dtype)
+
+
+def dq_kernel(*refs, plan: Plan):
+    """dq = sum over the needed key blocks of dS K, for one query block."""
+    needed_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
+    max_ref, sum_ref, di_ref, code_ref, *rest = rest
+    pos_ref, (dq_ref,) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    b, h, qi = (pl.program_id(i) for i in range(3))
+    q, do = q_ref[...], do_ref[...]
+    stats = (max_ref[...], 1.0 / sum_ref[...], di_ref[...])
+    positions = None if pos_ref is None else pos_ref[...]
+
+    def step(kj, acc):
+        keys = _blocks(plan, kj)
+        tile = _Tile(plan, params_ref, code_ref[keys], positions, b, h, qi, kj)
+        k, v = k_ref[keys, :], v_ref[keys, :]
+        _, ds = _probabilities_and_ds(tile, q, k, v, do, *stats)
+        return acc + jax.lax.dot(ds, k, preferred_element_type=jnp.float32)
+
+    needed = needed_ref[b * plan.num_q_blocks + qi]
+    init = jnp.zeros((plan.block_q, plan.head_dim), jnp.float32)
+    dq_ref[...] = jax.lax.fori_loop(0, needed, step, init).astype(dq_ref.dtype)
+
+
+def dkv_kernel(*refs, plan: Plan):
+    """dV = sum_q dropout(P)^T dO and dK = sum_q dS^T Q over the query blocks that need key
+    block kj (the others' probabilities there are exactly 0)."""
+    needed_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
+    max_ref, sum_ref, di_ref, code_ref, *rest = rest
+    pos_ref, (dk_ref, dv_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    b, h, kj = (pl.program_id(i) for i in range(3))
+    k, v, code = k_ref[...], v_ref[...], code_ref[...]
+
+    def visit(qi, carry):
+        dk, dv = carry
+        queries = _query_blocks(plan, qi)
+        positions = None if pos_ref is None else pos_ref[queries]
+        tile = _Tile(plan, params_ref, code, positions, b, h, qi, kj)
+        q, do = q_ref[queries, :], do_ref[queries, :]
+        stats = (max_ref[queries], 1.0 / sum_ref[queries], di_ref[queries])
+        p, ds = _probabilities_and_ds(tile, q, k, v, do, *stats)
+        p_dropped = tile.dropout(p.astype(do.dtype))
+        dv = dv + jax.lax.dot_general(p_dropped, do, _TN, preferred_element_type=jnp.float32)
+        dk = dk + jax.lax.dot_general(ds, q, _TN, preferred_element_type=jnp.float32)
+        return dk, dv
+
+    def step(qi, carry):
+        needs_this = kj < needed_ref[b * plan.num_q_blocks + qi]
+        return jax.lax.cond(needs_this, visit, lambda _, carry: carry, qi, carry)
+
+    zeros = jnp.zeros((plan.block_k, plan.head_dim), jnp.float32)
+    dk, dv = jax.lax.fori_loop(0, plan.num_q_blocks, step, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
