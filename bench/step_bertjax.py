@@ -2,7 +2,7 @@
 workloads, beside the peers of ../shared/bench/peers (copy it there; bench/run_steps.sh does).
 
 # venv: bertjax
-# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast
+# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention
 
 Usage: python step_bertjax.py --workload W1 [--variant jit]. While `import bertjax` fails this
 records 'skipped' and exits 3, so run_all.sh keeps going.
@@ -15,7 +15,9 @@ faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` a
 (Debian's libjemalloc2 / libtcmalloc-minimal4), ``hugepages`` (glibc with
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: transparent huge pages for malloc's mmaps). A variant
 whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
-(``model.gather_last_layer=False``). The notes give the median minor page faults and system CPU
+(``model.gather_last_layer=False``). ``xlaattention`` runs attention as XLA ops
+(``model.attention_impl='xla'``) where ``jit`` runs the platform's fused kernel ('auto': the
+Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program). The notes give the median minor page faults and system CPU
 seconds per measured step (``getrusage``), where allocators differ.
 
 build_step() keeps the contract shared by every step_*.py: shapes and hyper-parameters from
@@ -57,6 +59,7 @@ def build_step(w, variant):
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
         gather_last_layer=variant != "fulllast",
+        attention_impl="xla" if variant == "xlaattention" else "auto",
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(

@@ -74,6 +74,7 @@ def _make_plan(
         causal=causal,
         dropout_rate=float(dropout_rate),
         interpret=backend.platform() != "gpu" if interpret is None else bool(interpret),
+        block_q_dkv=min(block_q, kernels.Plan.block_q_dkv),
         **totals,
     )
 
@@ -198,9 +199,24 @@ def _dq_call(plan, q, k, v, d_context, stats, aux):
     )  # fmt: skip
 
 
+def _query_range(plan: kernels.Plan, needed) -> jax.Array:
+    """<int32>[B * nk * 2]: per (example, key block) the first and one-past-last query
+    sub-block (of ``block_q_dkv`` rows) whose query block needs that key block (0, 0: none)."""
+    needed = needed.reshape(plan.batch, plan.num_q_blocks, 1)
+    hit = jnp.arange(plan.num_k_blocks)[None, None, :] < needed  # [B, nq, nk]
+    first = jnp.argmax(hit, axis=1)
+    end = plan.num_q_blocks - jnp.argmax(hit[:, ::-1], axis=1)
+    any_hit = hit.any(axis=1)
+    per_block = plan.block_q // plan.block_q_dkv
+    bounds = jnp.stack([jnp.where(any_hit, first, 0), jnp.where(any_hit, end, 0)], axis=-1)
+    return (bounds * per_block).astype(jnp.int32).reshape(-1)
+
+
 def _dkv_call(plan, q, k, v, d_context, stats, aux):
     specs = _specs(plan, query_major=False)
-    tensors = _backward_tensors(specs, q, k, v, d_context, stats)
+    query_range = _query_range(plan, aux[2])
+    tensors = [(_whole(query_range), query_range)]
+    tensors += _backward_tensors(specs, q, k, v, d_context, stats)
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     return _pallas(
         plan, kernels.dkv_kernel, "flash_gpu_dkv",

@@ -7,10 +7,12 @@ as <float32>[B, N, Qp] (max, sum) and, for the backward, di = rowsum(dO * O).
 
 Each program owns one (example, head) and one query block (forward, dq: grid (B, N, nq), a loop
 over the key blocks it ``needed``) or one key block (dk/dv: grid (B, N, nk), a loop over the
-query blocks that visit it). Per tile it recomputes the probabilities and the dropout mask with
-the tile math of ``flash_common.py``, so forward and backward visit the same (query block, key
-block) pairs and a recomputed ``s - m`` is never positive. ``needed`` and ``params``
-(``flash_common.kernel_inputs``) are whole-array operands read with scalar loads.
+range of query sub-blocks that need it). Per tile it recomputes the probabilities and the
+dropout mask with the tile math of ``flash_common.py``; every tile the backward visits either
+was visited by the forward or holds only keys masked for rows with a real maximum, so a
+recomputed ``s - m`` is never positive. ``needed``, ``params`` (``flash_common.kernel_inputs``)
+and the dk/dv kernel's query ranges are whole-array operands read with scalar loads. No loop
+branches: Triton pipelines the loads of every loop.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from bertjax.model import dropout as dropout_lib
-from bertjax.model.flash_common import apply_dropout, dropout_rows, tile_bias
+from bertjax.model.flash_common import dropout_rows, tile_bias
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, D] x [n, D] -> [m, n]
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [m, n] x [m, D] -> [n, D]
@@ -44,6 +46,10 @@ class Plan:
     total_heads: int  # global N: the dropout row index is global
     total_queries: int  # global Q
     interpret: bool  # run on the host (CPU tests) instead of lowering to Triton
+    # The dk/dv kernel walks the queries in sub-blocks of block_q_dkv rows (dividing block_q):
+    # it holds dk, dv, k and v for its whole key block, so its per-query tiles must be smaller
+    # to stay in registers.
+    block_q_dkv: int = 32
     num_warps: int = 4
     num_stages: int = 2
 
@@ -67,26 +73,35 @@ def _scores(q, k, bias) -> jax.Array:
 
 
 class _Tile:
-    """Index vectors and bias of tile (qi, kj) of one (example, head) program."""
+    """Index vectors, bias and dropout mask of tile (qi, kj) of one (example, head) program."""
 
-    def __init__(self, plan: Plan, params_ref, code, positions, b, h, qi, kj):
-        self.plan, self.params_ref = plan, params_ref
-        self.queries = (qi * plan.block_q + jnp.arange(plan.block_q, dtype=jnp.int32))[:, None]
+    def __init__(self, plan: Plan, params_ref, code, positions, b, h, qi, kj, block_q=None):
+        self.plan = plan
+        block_q = block_q or plan.block_q
+        self.queries = (qi * block_q + jnp.arange(block_q, dtype=jnp.int32))[:, None]
         self.keys = (kj * plan.block_k + jnp.arange(plan.block_k, dtype=jnp.int32))[None, :]
         query_positions = None if positions is None else positions[:, None]
         self.bias = tile_bias(code[None, :], self.keys, query_positions)  # [bq, bk]
-        self.rows = dropout_rows(plan, params_ref, b, h, self.queries)  # [bq, 1]
+        self.keep = None
+        if plan.dropout:  # one mask per tile, however many arrays it is applied to
+            rows = dropout_rows(plan, params_ref, b, h, self.queries)  # [bq, 1]
+            seed = (params_ref[0], params_ref[1])
+            self.keep = dropout_lib.keep_mask_tile(seed, plan.dropout_rate, rows, self.keys)
 
     def dropout(self, x):
-        return apply_dropout(self.plan, self.params_ref, x, self.rows, self.keys)
+        """``x`` with the tile's mask applied and kept elements rescaled (identity at rate 0)."""
+        if self.keep is None:
+            return x
+        scale = jnp.asarray(dropout_lib.keep_scale(self.plan.dropout_rate), x.dtype)
+        return jnp.where(self.keep, x * scale, jnp.zeros((), x.dtype))
 
 
 def _blocks(plan: Plan, kj):
     return pl.ds(pl.multiple_of(kj * plan.block_k, plan.block_k), plan.block_k)
 
 
-def _query_blocks(plan: Plan, qi):
-    return pl.ds(pl.multiple_of(qi * plan.block_q, plan.block_q), plan.block_q)
+def _query_rows(qi, block):
+    return pl.ds(pl.multiple_of(qi * block, block), block)
 
 
 def forward_kernel(*refs, plan: Plan):
@@ -154,19 +169,24 @@ def dq_kernel(*refs, plan: Plan):
 
 
 def dkv_kernel(*refs, plan: Plan):
-    """dV = sum_q dropout(P)^T dO and dK = sum_q dS^T Q over the query blocks that need key
-    block kj (the others' probabilities there are exactly 0)."""
-    needed_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
+    """dV = sum_q dropout(P)^T dO and dK = sum_q dS^T Q over the query rows whose blocks need key
+    block kj. ``query_range`` <int32>[B * nk * 2]: per (example, key block) the first and
+    one-past-last query sub-block of ``block_q_dkv`` rows that need it. A sub-block in between
+    that does not (gathered positions in no order) adds exactly 0: its rows' maxima are real
+    logits and this key block holds only keys masked for them (a row with no allowed key needs
+    every block). A loop without branches lets Triton pipeline its loads."""
+    _, params_ref, range_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs  # needed: unused
     max_ref, sum_ref, di_ref, code_ref, *rest = rest
     pos_ref, (dk_ref, dv_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
     b, h, kj = (pl.program_id(i) for i in range(3))
     k, v, code = k_ref[...], v_ref[...], code_ref[...]
+    block = plan.block_q_dkv
 
-    def visit(qi, carry):
+    def step(qi, carry):  # qi: a sub-block of ``block`` rows
         dk, dv = carry
-        queries = _query_blocks(plan, qi)
+        queries = _query_rows(qi, block)
         positions = None if pos_ref is None else pos_ref[queries]
-        tile = _Tile(plan, params_ref, code, positions, b, h, qi, kj)
+        tile = _Tile(plan, params_ref, code, positions, b, h, qi, kj, block_q=block)
         q, do = q_ref[queries, :], do_ref[queries, :]
         stats = (max_ref[queries], 1.0 / sum_ref[queries], di_ref[queries])
         p, ds = _probabilities_and_ds(tile, q, k, v, do, *stats)
@@ -175,11 +195,9 @@ def dkv_kernel(*refs, plan: Plan):
         dk = dk + jax.lax.dot_general(ds, q, _TN, preferred_element_type=jnp.float32)
         return dk, dv
 
-    def step(qi, carry):
-        needs_this = kj < needed_ref[b * plan.num_q_blocks + qi]
-        return jax.lax.cond(needs_this, visit, lambda _, carry: carry, qi, carry)
-
     zeros = jnp.zeros((plan.block_k, plan.head_dim), jnp.float32)
-    dk, dv = jax.lax.fori_loop(0, plan.num_q_blocks, step, (zeros, zeros))
+    first = range_ref[(b * plan.num_k_blocks + kj) * 2]
+    end = range_ref[(b * plan.num_k_blocks + kj) * 2 + 1]
+    dk, dv = jax.lax.fori_loop(first, end, step, (zeros, zeros))
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
