@@ -17,8 +17,9 @@ faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` a
 whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
 (``model.gather_last_layer=False``). ``xlaattention`` runs attention as XLA ops
 (``model.attention_impl='xla'``) where ``jit`` runs the platform's fused kernel ('auto': the
-Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program). The notes give the median minor page faults and system CPU
-seconds per measured step (``getrusage``), where allocators differ.
+Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program). The
+notes give the median minor page faults and system CPU seconds per measured step
+(``getrusage``), where allocators differ.
 
 build_step() keeps the contract shared by every step_*.py: shapes and hyper-parameters from
 common.load_workload(name), inputs from common.make_batch(w), MLM on the gathered positions +
