@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.model import backend
 from bertjax.model.heads import BertForPreTraining
 from bertjax.pretrain import inputs
 from bertjax.pretrain import step as step_lib
@@ -198,10 +199,19 @@ def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
-def test_fused_attention_step_equals_xla_step_with_dropout():
-    """The whole sharded BERT step with attention_impl='fused' (the Pallas flash kernel, in
-    interpret mode on CPU) equals it with 'xla', the paper's attention dropout on: the kernel
-    draws the same counter-hash mask from global positions on every (batch, heads) shard."""
+@pytest.mark.parametrize("kernel", ["flash_tpu", "flash_gpu"])
+def test_fused_attention_step_equals_xla_step_with_dropout(kernel, monkeypatch):
+    """The whole sharded BERT step with attention_impl='fused' (the Pallas TPU flash kernel, or
+    the GPU one as GPUs run it for calls with dropout, in interpret mode on CPU) equals it with
+    'xla', the paper's attention dropout on: the kernel draws the same counter-hash mask from
+    global positions on every (batch, heads) shard, the last layer's gathered queries included."""
+    if kernel == "flash_gpu":
+        pick = backend.attention_kernel
+        monkeypatch.setattr(
+            backend,
+            "attention_kernel",
+            lambda impl, **kwargs: "flash_gpu" if impl == "fused" else pick(impl, **kwargs),
+        )
     results = {}
     for impl in ("xla", "fused"):
         config = tiny_config()
