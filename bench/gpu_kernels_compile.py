@@ -26,10 +26,13 @@ import warnings
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 KERNELS = ("flash_gpu_forward", "flash_gpu_dq", "flash_gpu_dkv")
+TRITON_CALL = "__gpu$xla.gpu.triton"  # the custom call XLA:GPU compiles Triton IR from
 
 
-def triton_modules(batch=8, length=512, heads=16, head_dim=64, causal=False, dtype="bfloat16"):
-    """{kernel name: textual Triton IR} of the attention's forward and backward, as lowered."""
+def export_for_cuda(batch=8, length=512, heads=16, head_dim=64, causal=False, dtype="bfloat16"):
+    """(the exported StableHLO text, {kernel name: textual Triton IR}) of the attention's
+    forward and backward as a train step calls it (the model's dispatch, dropout 0.1), lowered
+    for 'cuda' on this machine."""
     import jax
     import jax.numpy as jnp
     from jax import export
@@ -58,14 +61,14 @@ def triton_modules(batch=8, length=512, heads=16, head_dim=64, causal=False, dty
     registration.lowering.lower_jaxpr_to_triton_module = keep_text
     try:
         with backend.target("gpu"):
-            export.export(
+            exported = export.export(
                 jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
                 platforms=["cuda"],
-                disabled_checks=[export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+                disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
             )(*args)
     finally:
         registration.lowering.lower_jaxpr_to_triton_module = lower
-    return modules
+    return exported.mlir_module(), modules
 
 
 def compile_for(ttir: str, arch: int) -> dict:
@@ -120,7 +123,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    modules = triton_modules(
+    _, modules = export_for_cuda(
         length=args.length, heads=args.heads, head_dim=args.head_dim, causal=args.causal,
         dtype=args.dtype,
     )  # fmt: skip

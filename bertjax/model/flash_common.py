@@ -19,9 +19,9 @@ Per tile a kernel recomputes, for the (query, key) pairs it owns,
 which is the XLA path's arithmetic, so a tile's probabilities equal the [B, N, Q, L] array's.
 The logits are rounded through ``dtype`` because the XLA einsum returns them in ``dtype``.
 
-A plan (each kernel family's own frozen dataclass) provides ``batch, block_q, block_k,
-padded_queries, padded_keys, num_q_blocks, num_k_blocks, causal, dropout_rate, dropout,
-total_heads, total_queries``: the names the functions here read.
+A plan (each kernel family's own frozen dataclass, derived from :class:`PlanCounts`) provides
+``batch, block_q, block_k, padded_queries, padded_keys, causal, dropout_rate, total_heads,
+total_queries``: the names the functions here read.
 """
 
 from __future__ import annotations
@@ -43,20 +43,43 @@ def round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def sharded(fused, query, key, value, key_mask, *, mesh, batch_axes, head_axes, **kwargs):
+class PlanCounts:
+    """What a plan derives from its fields: block counts and whether dropout is on."""
+
+    @property
+    def num_q_blocks(self) -> int:
+        return self.padded_queries // self.block_q
+
+    @property
+    def num_k_blocks(self) -> int:
+        return self.padded_keys // self.block_k
+
+    @property
+    def dropout(self) -> bool:
+        return dropout_lib.keep_threshold(self.dropout_rate) > 0
+
+
+def sharded(
+    fused, query, key, value, key_mask, *, mesh=None, batch_axes=(), head_axes=(), **kwargs
+):
     """``fused(q, k, v, key_mask, query_positions, seed, offsets, total_heads=,
-    total_queries=, **kwargs)`` over the whole arrays, or per shard of ``mesh``.
+    total_queries=, **kwargs)`` over the whole arrays, or per shard of ``mesh``: a kernel
+    family's public ``flash_attention``. Shapes, dtypes and ``kwargs`` as
+    ``bertjax.model.attention.attention``: ``causal, query_positions, dropout_rate,
+    dropout_seed``, and the family's own options (``block_q, block_k, interpret``). No seed
+    means no dropout: ``fused`` then gets a zero seed and a rate of 0.
 
     With a mesh (concrete or abstract) the batch is split over mesh axes ``batch_axes`` and the
     heads over ``head_axes`` (sequences of mesh axis names, from the logical axis rules; may be
     empty): ``fused`` runs per shard under ``shard_map`` with the shard's global batch and head
     offsets (``axis_index``), so its dropout mask is the unsharded array's. The sequence axis is
-    never split. ``kwargs`` hold ``query_positions`` and ``dropout_seed`` and the rest of
-    ``fused``'s options.
+    never split.
     """
     batch, num_queries, num_heads, _ = query.shape
     totals = dict(total_heads=num_heads, total_queries=num_queries)
     query_positions, seed = kwargs.pop("query_positions"), kwargs.pop("dropout_seed")
+    if seed is None:
+        seed, kwargs["dropout_rate"] = jnp.zeros(2, jnp.uint32), 0.0
     if mesh is None:
         offsets = jnp.zeros(2, jnp.int32)
         args = (query, key, value, key_mask, query_positions, seed, offsets)
@@ -65,8 +88,6 @@ def sharded(fused, query, key, value, key_mask, *, mesh, batch_axes, head_axes, 
         query_positions = jnp.broadcast_to(
             jnp.arange(num_queries, dtype=jnp.int32), (batch, num_queries)
         )
-    if seed is None:
-        seed, kwargs["dropout_rate"] = jnp.zeros(2, jnp.uint32), 0.0
 
     def shard(q, k, v, mask, positions, seed):
         batch_index = jax.lax.axis_index(batch_axes) if batch_axes else 0
@@ -98,7 +119,7 @@ def kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries):
         query_positions.astype(jnp.int32), ((0, 0), (0, plan.padded_queries - num_queries))
     )
     needed = _blocks_needed(plan, code, positions, num_queries)
-    if seed is None or not plan.dropout:
+    if not plan.dropout:
         seed = jnp.zeros(2, jnp.uint32)
     seed = jax.lax.bitcast_convert_type(seed.astype(jnp.uint32), jnp.int32)
     params = jnp.concatenate([seed, offsets.astype(jnp.int32)])
@@ -144,11 +165,22 @@ def dropout_rows(plan, params_ref, batch, head, query_index) -> jax.Array:
     return (global_batch * plan.total_heads + global_head) * plan.total_queries + query_index
 
 
-def apply_dropout(plan, params_ref, x, rows, cols):
-    """``x`` with the tile's mask applied and kept elements rescaled (identity at rate 0)."""
+def keep_mask(plan, params_ref, rows, cols):
+    """<bool> keep mask of the tile at global dropout ``rows`` x key ``cols``; None at rate 0."""
     if not plan.dropout:
-        return x
+        return None
     seed = (params_ref[0], params_ref[1])
-    keep = dropout_lib.keep_mask_tile(seed, plan.dropout_rate, rows, cols)
+    return dropout_lib.keep_mask_tile(seed, plan.dropout_rate, rows, cols)
+
+
+def apply_keep(plan, keep, x):
+    """``x`` with ``keep`` applied and kept elements rescaled (identity for None)."""
+    if keep is None:
+        return x
     scale = jnp.asarray(dropout_lib.keep_scale(plan.dropout_rate), x.dtype)
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
+def apply_dropout(plan, params_ref, x, rows, cols):
+    """``x`` with the tile's mask applied and kept elements rescaled (identity at rate 0)."""
+    return apply_keep(plan, keep_mask(plan, params_ref, rows, cols), x)

@@ -34,19 +34,9 @@ DEFAULT_BLOCK_K = 64
 _MIN_TILE = 16  # Triton's smallest dot operand dimension
 
 
-def flash_attention(
-    query, key, value, key_mask, *, mesh=None, batch_axes=(), head_axes=(), **kwargs
-):
-    """The fused kernel; shapes, dtypes and ``kwargs`` as ``bertjax.model.attention.attention``.
-
-    With a ``mesh`` it runs per (batch, heads) shard (``flash_common.sharded``). ``kwargs``:
-    ``causal, query_positions, dropout_rate, dropout_seed`` and optionally ``block_q, block_k,
-    interpret``.
-    """
-    return common.sharded(
-        _fused_attention, query, key, value, key_mask, mesh=mesh, batch_axes=batch_axes,
-        head_axes=head_axes, **kwargs,
-    )  # fmt: skip
+def flash_attention(query, key, value, key_mask, **kwargs):
+    """``flash_common.sharded`` over this module's kernels (arguments and mesh there)."""
+    return common.sharded(_fused_attention, query, key, value, key_mask, **kwargs)
 
 
 def _power_of_two(x: int) -> int:
@@ -81,8 +71,6 @@ def _make_plan(
 
 def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets, **options):
     """Pads to whole blocks (and D to a power of two), runs the kernels, drops the padding."""
-    if seed is None:
-        options["dropout_rate"] = 0.0
     plan = _make_plan(query, key, **options)
     num_queries, head_dim = query.shape[1], query.shape[3]
     aux = common.kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries)

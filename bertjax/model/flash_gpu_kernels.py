@@ -23,15 +23,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from bertjax.model import dropout as dropout_lib
-from bertjax.model.flash_common import dropout_rows, tile_bias
+from bertjax.model.flash_common import PlanCounts, apply_keep, dropout_rows, keep_mask, tile_bias
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, D] x [n, D] -> [m, n]
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [m, n] x [m, D] -> [n, D]
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(PlanCounts):
     """Static description of one fused-attention call (hashable: a custom_vjp static arg)."""
 
     batch: int  # local (per shard) B
@@ -53,18 +52,6 @@ class Plan:
     num_warps: int = 4
     num_stages: int = 2
 
-    @property
-    def num_q_blocks(self) -> int:
-        return self.padded_queries // self.block_q
-
-    @property
-    def num_k_blocks(self) -> int:
-        return self.padded_keys // self.block_k
-
-    @property
-    def dropout(self) -> bool:
-        return dropout_lib.keep_threshold(self.dropout_rate) > 0
-
 
 def _scores(q, k, bias) -> jax.Array:
     """<float32>[bq, bk] = float32(dtype(q k^T)) + bias, for q <dtype>[bq, D], k [bk, D]."""
@@ -82,18 +69,13 @@ class _Tile:
         self.keys = (kj * plan.block_k + jnp.arange(plan.block_k, dtype=jnp.int32))[None, :]
         query_positions = None if positions is None else positions[:, None]
         self.bias = tile_bias(code[None, :], self.keys, query_positions)  # [bq, bk]
-        self.keep = None
-        if plan.dropout:  # one mask per tile, however many arrays it is applied to
-            rows = dropout_rows(plan, params_ref, b, h, self.queries)  # [bq, 1]
-            seed = (params_ref[0], params_ref[1])
-            self.keep = dropout_lib.keep_mask_tile(seed, plan.dropout_rate, rows, self.keys)
+        # One mask per tile, however many arrays it is applied to (None without dropout).
+        rows = dropout_rows(plan, params_ref, b, h, self.queries) if plan.dropout else None
+        self.keep = keep_mask(plan, params_ref, rows, self.keys)
 
     def dropout(self, x):
         """``x`` with the tile's mask applied and kept elements rescaled (identity at rate 0)."""
-        if self.keep is None:
-            return x
-        scale = jnp.asarray(dropout_lib.keep_scale(self.plan.dropout_rate), x.dtype)
-        return jnp.where(self.keep, x * scale, jnp.zeros((), x.dtype))
+        return apply_keep(self.plan, self.keep, x)
 
 
 def _blocks(plan: Plan, kj):

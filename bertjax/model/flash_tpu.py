@@ -41,19 +41,9 @@ _LANES = 128
 _SUBLANES = 16
 
 
-def flash_attention(
-    query, key, value, key_mask, *, mesh=None, batch_axes=(), head_axes=(), **kwargs
-):
-    """The fused kernel; shapes, dtypes and ``kwargs`` as ``bertjax.model.attention.attention``.
-
-    With a ``mesh`` it runs per (batch, heads) shard (``flash_common.sharded``). ``kwargs``:
-    ``causal, query_positions, dropout_rate, dropout_seed`` and optionally ``block_q, block_k,
-    interpret``.
-    """
-    return common.sharded(
-        _fused_attention, query, key, value, key_mask, mesh=mesh, batch_axes=batch_axes,
-        head_axes=head_axes, **kwargs,
-    )  # fmt: skip
+def flash_attention(query, key, value, key_mask, **kwargs):
+    """``flash_common.sharded`` over this module's kernels (arguments and mesh there)."""
+    return common.sharded(_fused_attention, query, key, value, key_mask, **kwargs)
 
 
 def _default_block(length: int, limit: int) -> int:
@@ -97,8 +87,6 @@ def _make_plan(
 def _fused_attention(query, key, value, key_mask, query_positions, seed, offsets, **options):
     """Pads to whole blocks, runs the kernels, drops the padding. ``offsets`` <int32>[2]: the
     shard's first global example and head. Shapes as :func:`flash_attention`."""
-    if seed is None:
-        options["dropout_rate"] = 0.0
     plan = _make_plan(query, key, **options)
     batch, num_queries, num_heads, head_dim = query.shape
     aux = common.kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries)

@@ -25,15 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from bertjax.model import dropout as dropout_lib
-from bertjax.model.flash_common import apply_dropout, dropout_rows, tile_bias
+from bertjax.model.flash_common import PlanCounts, apply_dropout, dropout_rows, tile_bias
 
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [D, m] x [D, n] -> [m, n]
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, W] x [n, W] -> [m, n]
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(PlanCounts):
     """Static description of one fused-attention call (hashable: a custom_vjp static arg)."""
 
     batch: int  # local (per shard) B
@@ -53,18 +52,6 @@ class Plan:
     @property
     def width(self) -> int:
         return self.heads_per_block * self.head_dim
-
-    @property
-    def num_q_blocks(self) -> int:
-        return self.padded_queries // self.block_q
-
-    @property
-    def num_k_blocks(self) -> int:
-        return self.padded_keys // self.block_k
-
-    @property
-    def dropout(self) -> bool:
-        return dropout_lib.keep_threshold(self.dropout_rate) > 0
 
 
 def tile_scores(k, q, bias) -> jax.Array:

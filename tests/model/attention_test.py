@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax import export
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -339,35 +338,20 @@ def test_auto_picks_per_platform():
 def test_gpu_kernels_lower_to_triton_for_cuda(causal):
     """The GPU path as a BERT train step runs it (bf16, dropout, the model's dispatch) lowers for
     'cuda' on this CPU machine: JAX's Pallas-to-Triton lowering accepts every kernel (forward,
-    dq, dk/dv), and no [B, N, Q, L] array is left in the HLO. (Triton's own compile to PTX
-    happens on a GPU.)"""
-    batch, length, heads, head_dim = 2, 128, 2, 64
-
-    def loss(query, key, value, key_mask, seed):
-        context = attention.attention(
-            query, key, value, key_mask, causal=causal, query_positions=None, dropout_rate=0.1,
-            dropout_seed=seed, impl="auto",
-        )  # fmt: skip
-        return context.astype(jnp.float32).sum()
-
-    qkv = jax.ShapeDtypeStruct((batch, length, heads, head_dim), jnp.bfloat16)
-    args = (qkv, qkv, qkv, jax.ShapeDtypeStruct((batch, length), jnp.int32))
-    args += (jax.ShapeDtypeStruct((2,), jnp.uint32),)
-    triton = "__gpu$xla.gpu.triton"
-    with backend.target("gpu"):
-        exported = export.export(
-            jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
-            platforms=["cuda"],
-            disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)],
-        )(*args)
-    module = exported.mlir_module()
-    assert module.count(triton) == 3
-    for name in ("flash_gpu_forward", "flash_gpu_dq", "flash_gpu_dkv"):
+    dq, dk/dv), and no [B, N, Q, L] array is left in the HLO. (Triton's own compile to PTX is
+    the next test.)"""
+    batch, length, heads = 2, 128, 2
+    tool = _gpu_compile_tool()
+    module, kernels = tool.export_for_cuda(batch, length, heads, 64, causal)
+    assert module.count(tool.TRITON_CALL) == 3
+    assert sorted(kernels) == sorted(tool.KERNELS)
+    for name in tool.KERNELS:
         assert f'name = "{name}"' in module, name
     scores = f"tensor<{batch}x{heads}x{length}x{length}x"
     assert scores not in module
 
 
+@functools.cache
 def _gpu_compile_tool():
     import importlib.util
     import pathlib
@@ -386,7 +370,7 @@ def test_gpu_kernels_compile_with_triton_for_hopper_and_ampere_without_spills():
     the figures)."""
     pytest.importorskip("triton")
     tool = _gpu_compile_tool()
-    modules = tool.triton_modules(batch=2, length=512, heads=16, head_dim=64, causal=True)
+    _, modules = tool.export_for_cuda(batch=2, length=512, heads=16, head_dim=64, causal=True)
     assert sorted(modules) == sorted(tool.KERNELS)
     for name, ttir in modules.items():
         for arch in (90, 80):
