@@ -169,7 +169,7 @@ def compile_train_step(config, topology: str):
     from bertjax import compile as compile_tool  # noqa: PLC0415
 
     tpu, steps, train_args, _ = compile_tool.steps_for_slice(config, topology)
-    return steps.train_step.lower(*train_args).compile(), tpu
+    return steps.trainer.train_step.lower(*train_args).compile(), tpu
 
 
 def report(compiled, hlo_text: str, tpu) -> str:

@@ -1,5 +1,6 @@
-"""bertjax's pretraining train step (bertjax.pretrain.step.train_step, jitted once) on the shared
-workloads, beside the peers of ../shared/bench/peers (copy it there; bench/run_steps.sh does).
+"""bertjax's pretraining train step (the trainer core's bertjax.training.step.train_step with the
+pretraining objective, jitted once) on the shared workloads, beside the peers of
+../shared/bench/peers (copy it there; bench/run_steps.sh does).
 
 # venv: bertjax
 # variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention
@@ -44,9 +45,10 @@ def build_step(w, variant):
 
     from bertjax.model.config import BertConfig
     from bertjax.model.heads import BertForPreTraining
-    from bertjax.pretrain import step as step_lib
-    from bertjax.training import optimizer
+    from bertjax.pretrain import objective as objective_lib
+    from bertjax.training import compiled, optimizer
     from bertjax.training import sharding as sh
+    from bertjax.training.step import StepConfig
 
     bert_config = BertConfig(
         vocab_size=w["vocab_size"],
@@ -76,13 +78,18 @@ def build_step(w, variant):
             max_grad_norm=0.0,
         )
     )
-    model = BertForPreTraining(bert_config)
-    tx = optimizer.create_optimizer(opt_config, 1)
-    schedule = optimizer.learning_rate_schedule(opt_config, 1)
-    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     seq, masked = w["seq"], w["n_masked"]
-    _, shardings = step_lib.state_shardings(model, tx, mesh, sh.DEFAULT_RULES, seq, masked)
-    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(w["seed"]), seq, masked)
+    trainer = compiled.build_trainer(
+        objective_lib.Pretraining(BertForPreTraining(bert_config), seq, masked),
+        optimizer.create_optimizer(opt_config, 1),
+        optimizer.learning_rate_schedule(opt_config, 1),
+        StepConfig(),
+        sh.create_mesh((1, 1, 1), jax.devices()[:1]),
+        sh.DEFAULT_RULES,
+        objective_lib.abstract_batch(w["batch"], seq, masked),
+    )
+    mesh, step_fn = trainer.mesh, trainer.train_step
+    state = trainer.init_state(jax.random.key(w["seed"]))
     peer = common.make_batch(w)
     host_batch = {
         "input_ids": peer["input_ids"],
@@ -93,16 +100,6 @@ def build_step(w, variant):
         "masked_lm_weights": np.ones(peer["masked_lm_ids"].shape, np.float32),
         "next_sentence_labels": peer["next_sentence_labels"],
     }
-    step_fn = step_lib.jit_train_step(
-        model,
-        tx,
-        schedule,
-        step_lib.StepConfig(),
-        mesh,
-        sh.DEFAULT_RULES,
-        shardings,
-        step_lib.abstract_batch(w["batch"], seq, masked),
-    )
     batch = sh.make_global_batch(host_batch, mesh)
     rng = jax.random.key_data(jax.random.key(1))
     holder = {"state": state}

@@ -6,10 +6,12 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
                 contract is data/pipeline.py's docstring.
     model/      the network, only the math: BertConfig, encoder, attention (XLA and fused
                 kernels), dropout, heads, losses; logical axis names on every parameter.
-    training/   what both loops share: mesh and sharding, optimizer, checkpoints, metrics,
-                the accelerator table.
-    pretrain/   step (pure train/eval steps, jitted once), inputs (checks, batches), loop (host).
-    finetune/   the same shape (step, inputs, loop) plus one module per task family.
+    training/   the trainer core both loops run on (train state, the pure step, jit on the mesh,
+                start, the host loop, metrics) and what else they share: mesh and sharding,
+                optimizer, checkpoints, workdir, lease, the accelerator table.
+    pretrain/   only what pretraining adds: its objective (MLM + NSP), inputs, start, loop.
+    finetune/   only what fine-tuning adds: objective (heads, losses, predictions), inputs,
+                loop, sweep, one module per task family.
 
 The modules at the top level are the commands users type (``python -m bertjax.<name>``, or the
 ``bertjax-<name>`` console scripts): ``main`` (pretraining), ``finetune``, ``compile``,

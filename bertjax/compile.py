@@ -4,7 +4,7 @@
         [--config.model.remat_policy=dots ...]
 
 Builds exactly the train and eval steps ``python -m bertjax.main`` would run for the config
-(``bertjax.pretrain.step.build_steps``) on a mesh over the slice's TPU devices, as
+(``bertjax.pretrain.objective.build_steps``) on a mesh over the slice's TPU devices, as
 ``jax.experimental.topologies`` describes them, lowers them with abstract sharded arguments and
 runs the real TPU compiler (MaxText's ``train_compile.py`` does the same). Topologies are gcloud
 accelerator types (``v4-32``, ``v5litepod-16``, ``v5p-16``, ``v6e-8``) or JAX's names
@@ -118,14 +118,15 @@ def _abstract_args(steps):
 
     from bertjax.training import sharding as sh  # noqa: PLC0415
 
+    trainer = steps.trainer
     with_sharding = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-    state = jax.tree.map(with_sharding, steps.abstract_state, steps.state_shardings)
+    state = jax.tree.map(with_sharding, trainer.abstract_state, trainer.state_shardings)
     batch_of = lambda spec: {
-        k: with_sharding(v, sh.batch_sharding(steps.mesh, len(v.shape))) for k, v in spec.items()
+        k: with_sharding(v, sh.batch_sharding(trainer.mesh, len(v.shape))) for k, v in spec.items()
     }
-    replicated = NamedSharding(steps.mesh, PartitionSpec())
+    replicated = NamedSharding(trainer.mesh, PartitionSpec())
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated)
-    return (state, batch_of(steps.train_batch), rng), (state.params, batch_of(steps.eval_batch))
+    return (state, batch_of(trainer.train_batch), rng), (state.params, batch_of(steps.eval_batch))
 
 
 def _compile(jitted, args, hbm_bytes: int):
@@ -156,7 +157,7 @@ def steps_for_slice(config, topology: str):
     from jax.experimental import topologies  # noqa: PLC0415
 
     from bertjax.pretrain import inputs  # noqa: PLC0415
-    from bertjax.pretrain import step as step_lib  # noqa: PLC0415
+    from bertjax.pretrain import objective as objective_lib  # noqa: PLC0415
     from bertjax.training import accelerators  # noqa: PLC0415
     from bertjax.training import sharding as sh  # noqa: PLC0415
 
@@ -169,20 +170,21 @@ def steps_for_slice(config, topology: str):
         **tpu.topology_options(),
     ).devices
     mesh = sh.create_mesh(config.mesh.shape, devices)
-    inputs.check_config(config, step_lib.bert_config_from(config), mesh, tpu.hosts)
-    steps = step_lib.build_steps(config, mesh)
+    inputs.check_config(config, objective_lib.bert_config_from(config), mesh, tpu.hosts)
+    steps = objective_lib.build_steps(config, mesh)
     return (tpu, steps, *_abstract_args(steps))
 
 
 def compile_for(config, topology: str) -> dict:
     """Compiles ``config``'s steps for ``topology``; the report (``JSON_KEYS`` and more)."""
-    from bertjax.pretrain import step as step_lib  # noqa: PLC0415
+    from bertjax.pretrain import objective as objective_lib  # noqa: PLC0415
     from bertjax.training import metrics  # noqa: PLC0415
 
     tpu, steps, train_args, eval_args = steps_for_slice(config, topology)
-    bert_config = step_lib.bert_config_from(config)
+    abstract, shardings = steps.trainer.abstract_state, steps.trainer.state_shardings
+    bert_config = objective_lib.bert_config_from(config)
     hbm = tpu.chip.hbm_bytes
-    compiled, train_oom, train_seconds = _compile(steps.train_step, train_args, hbm)
+    compiled, train_oom, train_seconds = _compile(steps.trainer.train_step, train_args, hbm)
     evaluated, eval_oom, eval_seconds = _compile(steps.eval_step, eval_args, hbm)
     length = int(config.data.max_seq_length)
     per_sequence = metrics.train_flops_per_sequence(
@@ -190,14 +192,12 @@ def compile_for(config, topology: str) -> dict:
     )
     report = {
         "topology": tpu.name, "jax_topology": tpu.topology_name, "chip": tpu.chip.name,
-        "chips": tpu.chips, "hosts": tpu.hosts, "mesh": dict(steps.mesh.shape),
+        "chips": tpu.chips, "hosts": tpu.hosts, "mesh": dict(steps.trainer.mesh.shape),
         "hbm_bytes_per_chip": hbm, "fits": train_oom is None and eval_oom is None,
         "model_flops_per_step": per_sequence * int(config.train.global_batch_size),
         "compile_seconds": {"train": round(train_seconds, 1), "eval": round(eval_seconds, 1)},
-        "params_bytes": _per_chip_bytes(steps.abstract_state.params, steps.state_shardings.params),
-        "optimizer_state_bytes": _per_chip_bytes(
-            steps.abstract_state.opt_state, steps.state_shardings.opt_state
-        ),
+        "params_bytes": _per_chip_bytes(abstract.params, shardings.params),
+        "optimizer_state_bytes": _per_chip_bytes(abstract.opt_state, shardings.opt_state),
         "batch_bytes": _per_chip_bytes(train_args[1], jax_shardings(train_args[1])),
         "scan_layers": bert_config.scan_layers,
         "remat_policy": bert_config.remat_policy,

@@ -43,6 +43,20 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.learning_rate = 2e-5  # paper: best of {5e-5, 4e-5, 3e-5, 2e-5} on dev (see sweep)
     config.warmup_proportion = 0.1  # linear warmup over this fraction of the steps
     config.log_every_steps = 50
+    # Split each update into this many micro-batches whose gradients are summed (the same update
+    # as the whole batch, less activation memory).
+    config.grad_accum_steps = 1
+    # On a non-finite loss or gradient: False = stop with an error naming the step; True = skip
+    # the update (params and optimizer state unchanged) and count it.
+    config.skip_nonfinite = False
+    config.peak_flops = 0.0  # one device's peak FLOP/s for MFU; 0 = the accelerator table's
+
+    # The train state is saved into the workdir as pretraining's is (bertjax.training.checkpoint):
+    # rerunning the command resumes from the newest verified step; SIGTERM saves and exits 0.
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 1000
+    config.checkpoint.keep = 1
+    config.checkpoint.async_save = True
 
     # bertjax.training.optimizer keys; learning_rate and warmup_steps are set from the keys above.
     config.optimizer = ml_collections.ConfigDict()

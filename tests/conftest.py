@@ -16,6 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+try:  # noqa: SIM105 - Triton (the test extra; torch imports it too) must load before TensorFlow:
+    # in the other order LLVM aborts the worker ("inconsistency in registered CommandLine
+    # options"), e.g. a HF parity test running after any test that read data with TensorFlow.
+    import triton  # noqa: F401, E402
+except ImportError:
+    pass
+
 import pathlib  # noqa: E402
 
 import pytest  # noqa: E402

@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from bertjax import convert
 from bertjax.finetune import tasks
-from bertjax.finetune.step import model_input_specs
+from bertjax.finetune.objective import model_input_specs
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import stack_layers
@@ -96,8 +96,12 @@ def _fresh(leaf_name: str, leaf, key, stddev: float) -> np.ndarray:
     return np.full(leaf.shape, fill, leaf.dtype)
 
 
-def train_batches(features: tasks.Features, batch_size: int, num_steps: int, seed: int):
-    """Shuffled full batches, one fresh permutation per epoch (the last partial batch dropped)."""
+def train_batches(
+    features: tasks.Features, batch_size: int, num_steps: int, seed: int, start_batch: int = 0
+):
+    """This process's rows of shuffled full global batches ``start_batch``, ``start_batch + 1``,
+    ... ``num_steps - 1``: one fresh permutation per epoch (the last partial batch dropped), a
+    pure function of the seed, so a resumed run gets the batches it would have had."""
     rng = np.random.default_rng(seed)
     n = len(features)
     per_epoch = n // batch_size
@@ -105,14 +109,17 @@ def train_batches(features: tasks.Features, batch_size: int, num_steps: int, see
         raise FinetuneInputError(
             f"train split has {n} features, fewer than one batch of {batch_size}"
         )
+    rows = batch_size // jax.process_count()
+    mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
     step = 0
     while step < num_steps:
         order = rng.permutation(n)
         for i in range(min(per_epoch, num_steps - step)):
-            index = order[i * batch_size : (i + 1) * batch_size]
-            batch = {k: v[index] for k, v in features.arrays.items()}
-            batch["example_weights"] = np.ones((batch_size,), np.float32)
-            yield batch
+            if step >= start_batch:
+                index = order[i * batch_size : (i + 1) * batch_size][mine]
+                batch = {k: v[index] for k, v in features.arrays.items()}
+                batch["example_weights"] = np.ones((rows,), np.float32)
+                yield batch
             step += 1
 
 

@@ -10,6 +10,16 @@
       tensorboard/             train loss and learning rate, dev metrics
       checkpoint/              the fine-tuned params (params-only layout of
                                ``bertjax.training.checkpoint``)
+      checkpoints/, bertjax_workdir.json, bert_config.json, vocab.txt, config.json,
+      bertjax_lease.json       the run's train state every ``checkpoint.every_steps`` and at
+                               the end, its record and lease: a training workdir, exactly as
+                               pretraining's (``bertjax.training.checkpoint``)
+
+  Training runs on the trainer core (``bertjax.training``): the same step, accumulation
+  (``grad_accum_steps``), non-finite guard (``skip_nonfinite``), lease, verified checkpoints and
+  SIGTERM handling as pretraining. Rerunning the command resumes bit-exact from the newest
+  verified step of the same run (same task, data, checkpoint, learning rate, seed, batch size,
+  length and steps; anything else is a one-line error); a finished run only re-evaluates.
 
 * ``predict``: load ``workdir/checkpoint`` (or ``config.predict_checkpoint``) and write
   predictions for the task's test splits found in ``config.data_dir`` (no labels needed).
@@ -18,86 +28,160 @@
   run with the best dev ``task.primary_metric`` is kept as ``workdir/checkpoint`` and the table is
   written to ``workdir/sweep_results.{md,json}``.
 
-The step, the mesh (``config.mesh``) and the shardings are in ``bertjax.finetune.step``: the same
-contract and logical-axis sharding as pretraining; what the loop feeds it is
-``bertjax.finetune.inputs``.
+The task's objective (head, loss, predictions) is ``bertjax.finetune.objective``; what the loop
+feeds it is ``bertjax.finetune.inputs``.
 
-Progress is printed like pretraining's: a line after the first step (its time includes
-compiling), then every ``config.log_every_steps`` steps, with the loss, learning rate,
-examples/s, tokens/s (padded tokens processed) and an ETA; one line per evaluated split with its
-metrics.
+Progress is pretraining's line (``bertjax.training.metrics.format_train_line``): after the first
+step (its time includes compiling), then every ``config.log_every_steps`` steps, with the loss,
+learning rate, gradient norm, sequences/s, tokens/s (padded tokens processed), model GFLOP/s per
+device and an ETA; one line per evaluated split with its metrics.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import tempfile
-import time
 
 import jax
+import ml_collections
 import numpy as np
 
 from bertjax.finetune import inputs, tasks
-from bertjax.finetune.step import Runner, build_model, model_input_specs
+from bertjax.finetune import objective as objective_lib
+from bertjax.finetune.objective import Predictor, build_model, model_input_specs, objective_for
 from bertjax.finetune.tasks import FinetuneInputError
-from bertjax.training import checkpoint
-from bertjax.training.metrics import format_eta
+from bertjax.training import checkpoint, compiled, metrics, optimizer
+from bertjax.training import loop as loop_lib
+from bertjax.training import sharding as sh
+from bertjax.training import start as core_start
+from bertjax.training.step import StepConfig
 
 
-class _Progress:
-    """The console line of ``fit``: rates over the steps since the previous line."""
+def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int) -> dict:
+    """What a resumed fine-tuning run must share with the run that saved its checkpoints."""
+    return {
+        "task": task.name,
+        "init_checkpoint": config.init_checkpoint,
+        "data_dir": config.data_dir,
+        "learning_rate": float(learning_rate),
+        "seed": int(seed),
+        "batch_size": int(config.batch_size),
+        "max_seq_length": int(config.max_seq_length),
+        "num_steps": int(num_steps),
+    }
 
-    def __init__(self, num_steps: int, tokens_per_example: int, batch_size: int):
-        self.num_steps, self.batch_size = num_steps, batch_size
-        self.tokens_per_example = tokens_per_example
-        self.started = self.last_time = time.perf_counter()
-        self.last_step = 0
 
-    def line(self, step: int, loss: float, learning_rate: float) -> str:
-        now = time.perf_counter()
-        examples_per_sec = (
-            (step - self.last_step) * self.batch_size / max(now - self.last_time, 1e-9)
+def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
+    differ = [
+        f"{k} {meta['run'].get(k)!r} -> {v!r}"
+        for k, v in signature.items()
+        if meta["run"].get(k) != v
+    ]
+    if differ:
+        raise FinetuneInputError(
+            f"{workdir} holds the checkpoints of another fine-tuning run ({', '.join(differ)}); "
+            "rerun with its settings to resume, or use a new workdir (nothing was changed)"
         )
-        steps_per_sec = step / max(now - self.started, 1e-9)
-        self.last_step, self.last_time = step, now
-        return (
-            f"step {step}/{self.num_steps} loss {loss:.4f} lr {learning_rate:.3g} "
-            f"ex/s {examples_per_sec:.1f} tok/s {examples_per_sec * self.tokens_per_example:.0f} "
-            f"eta {format_eta((self.num_steps - step) / steps_per_sec)}"
-        )
 
 
-def fit(runner: Runner, params, train_features, *, learning_rate: float, seed: int, writer=None):
-    """Fine-tunes ``params`` (host arrays) -> (params as global arrays in the runner's param
-    shardings, mean train loss of the last 10% of logged steps).
+def _check_batches(config, mesh) -> None:
+    shards = sh.num_batch_shards(mesh)
+    for name in ("batch_size", "eval_batch_size"):
+        if config[name] % shards or config[name] % jax.process_count():
+            raise FinetuneInputError(
+                f"config.{name}={config[name]} is not divisible by {shards} data shards "
+                f"(config.mesh.shape={tuple(mesh.shape.values())}) and "
+                f"{jax.process_count()} processes"
+            )
+
+
+@dataclasses.dataclass
+class Fitted:
+    params: object  # global arrays in the trainer's param shardings
+    final_loss: float  # mean train loss of the last logged window
+    stopped: bool  # SIGTERM/Ctrl-C: saved, to be resumed
+    num_steps: int
+    mesh: object
+
+
+def fit(config, task, model, params, train_features, *, workdir: str, learning_rate: float,
+        seed: int, bert_config, vocab_file: str, lower: bool, devices=None) -> Fitted:  # fmt: skip
+    """Fine-tunes host ``params`` in ``workdir`` on the trainer core, resuming from its newest
+    verified checkpoint of the same run (``_run_signature``).
 
     Steps = features / batch_size * epochs (for SQuAD a feature is a doc-stride window), warmup
     over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py.
     """
-    config = runner.config
+    mesh = sh.create_mesh(config.mesh.shape, devices)
+    _check_batches(config, mesh)
     num_steps = int(len(train_features) / config.batch_size * config.num_train_epochs)
-    state, schedule, step_fn = runner.create_state(
-        params, num_steps, learning_rate, train_features.arrays
+    opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+    opt_config.learning_rate = float(learning_rate)
+    opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
+    example = train_features.arrays
+    objective = objective_lib.objective_for(task, model, example)
+    train_batch = {
+        k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
+        for k, v in example.items()
+    }
+    train_batch["example_weights"] = jax.ShapeDtypeStruct((config.batch_size,), np.float32)
+    trainer = compiled.build_trainer(
+        objective,
+        optimizer.create_optimizer(opt_config, num_steps),
+        optimizer.learning_rate_schedule(opt_config, num_steps),
+        StepConfig(int(config.grad_accum_steps), bool(config.skip_nonfinite)),
+        mesh,
+        config.mesh.rules,
+        train_batch,
     )
-    rng = jax.random.key(seed)
-    tokens = int(np.prod(train_features.arrays["input_ids"].shape[1:]))
-    progress, recent = _Progress(num_steps, tokens, config.batch_size), []
-    batches = inputs.train_batches(train_features, config.batch_size, num_steps, seed)
-    for step, batch in enumerate(batches, start=1):
-        state, metrics = step_fn(state, batch, rng)
-        if step == 1 or step % config.log_every_steps == 0 or step == num_steps:
-            metrics = jax.device_get(metrics)
-            loss = float(metrics["loss_sum"] / max(metrics["weight_sum"], 1.0))
-            recent.append(loss)
-            print(progress.line(step, loss, schedule(step - 1)), flush=True)
-            if writer is not None:
-                writer.scalar("train/loss", loss, step)
-                writer.scalar("train/learning_rate", float(schedule(step - 1)), step)
-    tail = recent[-max(1, len(recent) // 10) :]
-    return state.params, (float(np.mean(tail)) if tail else float("nan"))
+    signature = _run_signature(config, task, learning_rate, seed, num_steps)
+    dropout_key = jax.random.key(seed)  # fold_in(key, step) per update, as pretraining's
+    plan = core_start.Plan(
+        bert_config=bert_config, vocab_file=vocab_file, do_lower_case=lower,
+        config_json=config.to_json_best_effort(), allow_vocab_change=False,
+        keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save),
+        init_rng=jax.random.key(seed), rng_data=np.asarray(jax.random.key_data(dropout_key)),
+        initial_params=lambda: params,
+        check_meta=lambda meta: _check_resumed(meta, signature, workdir),
+    )  # fmt: skip
+    started = core_start.start(workdir, plan, trainer)
+    tokens = int(np.prod(example["input_ids"].shape[1:]))
+    choices = tokens // int(example["input_ids"].shape[-1])
+    report = loop_lib.Report(
+        rows_per_step=int(config.batch_size),
+        tokens_per_row=tokens,
+        flops_per_row=3.0 * choices * metrics.encoder_flops(bert_config, tokens // choices),
+    )
+    cadence = loop_lib.Cadence(
+        num_steps=num_steps,
+        log_every=int(config.log_every_steps),
+        eval_every=0,
+        save_every=int(config.checkpoint.every_steps),
+        skip_nonfinite=bool(config.skip_nonfinite),
+    )
+    last_loss = (started.meta or {}).get("train_loss", float("nan"))
+    loop = loop_lib.Loop(
+        trainer, started, workdir, cadence, report, peak_flops=float(config.peak_flops),
+        meta=lambda step: {"step": step, "run": signature, "train_loss": loop.summary.get(
+            "train", {}).get("loss", last_loss)},
+    )  # fmt: skip
+    start_step = int(started.state.step)
+    batches = inputs.train_batches(
+        train_features, config.batch_size, num_steps, seed, start_batch=start_step
+    )
+    try:
+        summary = loop.run(started.state, batches)
+    finally:
+        loop.close()
+    final_loss = float(summary.get("train", {}).get("loss", last_loss))
+    state = summary.get("state")
+    return Fitted(
+        None if state is None else state.params, final_loss, summary["stopped"], num_steps, mesh
+    )
 
 
 def _metrics_text(values: dict) -> str:
@@ -111,14 +195,14 @@ def _metrics_text(values: dict) -> str:
 # ---- orchestration ------------------------------------------------------------------------------
 
 
-def evaluate_and_write(runner, task, params, data, splits, out_dir, with_labels=True):
+def evaluate_and_write(predictor, task, params, data, splits, out_dir, with_labels=True):
     """Runs the model on ``splits``; returns {split: metrics} (labelled splits only)."""
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     results = {}
     for split in splits:
         examples, features = data.examples[split], data.features[split]
-        logits = runner.logits(params, features)
+        logits = predictor.logits(params, features)
         if with_labels:
             results[split], _ = task.evaluate(examples, features, logits)
             print(f"eval {split}: {_metrics_text(results[split])}", flush=True)
@@ -161,40 +245,50 @@ def staged_outputs(workdir: str):
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-    """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc."""
-    from flax.metrics import tensorboard
-
+    """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc;
+    after SIGTERM/Ctrl-C it has saved its state and returns {"stopped": step} instead."""
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
-    os.makedirs(workdir, exist_ok=True)  # after reading: bad data leaves no trace in the workdir
     model = build_model(task, bert_config)
-    runner = Runner(task, model, config)
     train_features = data.features[task.train_split]
     params = inputs.init_params(
         model, pretrained, train_features.arrays, jax.random.key(config.seed)
     )
-    writer = tensorboard.SummaryWriter(os.path.join(workdir, "tensorboard"))
-    params, final_loss = fit(
-        runner,
-        params,
-        train_features,
-        learning_rate=config.learning_rate,
-        seed=config.seed,
-        writer=writer,
+    fitted = fit(
+        config, task, model, params, train_features, workdir=workdir,
+        learning_rate=config.learning_rate, seed=config.seed, bert_config=bert_config,
+        vocab_file=vocab_file, lower=lower,
+    )  # fmt: skip
+    if fitted.stopped:
+        print(f"stopped: rerun the same command to resume in {workdir}", flush=True)
+        return {"stopped": True}
+    predictor = Predictor(
+        objective_for(task, model, train_features.arrays),
+        fitted.mesh,
+        config.mesh.rules,
+        config.eval_batch_size,
     )
     with staged_outputs(workdir) as stage:  # checkpoint, predictions, then eval_results.json
-        save(stage, params, bert_config, vocab_file, lower)
+        save(stage, fitted.params, bert_config, vocab_file, lower)
         out_dir = os.path.join(stage, "predictions")
-        dev = evaluate_and_write(runner, task, params, data, task.dev_splits, out_dir)
-        evaluate_and_write(runner, task, params, data, test_splits, out_dir, with_labels=False)
-        results = _results(config, task, data, dev, final_loss)
+        dev = evaluate_and_write(predictor, task, fitted.params, data, task.dev_splits, out_dir)
+        evaluate_and_write(
+            predictor, task, fitted.params, data, test_splits, out_dir, with_labels=False
+        )
+        results = _results(config, task, data, dev, fitted.final_loss)
         write_json(os.path.join(stage, "eval_results.json"), results)
-    for split, values in dev.items():
-        for name, value in values.items():
-            if isinstance(value, int | float):
-                writer.scalar(f"{split}/{name}", value, 0)
-    writer.flush()
+    writer = metrics.summary_writer(os.path.join(workdir, "tensorboard"))
+    writer.write_scalars(
+        fitted.num_steps,
+        {
+            f"{split}/{name}": value
+            for split, values in dev.items()
+            for name, value in values.items()
+            if isinstance(value, int | float)
+        },
+    )
+    writer.close()
     return results
 
 
@@ -231,9 +325,12 @@ def predict(config, workdir: str) -> list[str]:
         raise FinetuneInputError(
             f"{path}: not a fine-tuned {task.name} checkpoint, missing {missing}"
         )
-    params = inputs.init_params(model, params, data.features[splits[0]].arrays, jax.random.key(0))
-    out_dir = os.path.join(workdir, "predictions")
-    evaluate_and_write(
-        Runner(task, model, config), task, params, data, splits, out_dir, with_labels=False
+    params = inputs.init_params(model, params, example, jax.random.key(0))
+    mesh = sh.create_mesh(config.mesh.shape)
+    _check_batches(config, mesh)
+    predictor = Predictor(
+        objective_for(task, model, example), mesh, config.mesh.rules, config.eval_batch_size
     )
+    out_dir = os.path.join(workdir, "predictions")
+    evaluate_and_write(predictor, task, params, data, splits, out_dir, with_labels=False)
     return sorted(os.listdir(out_dir))

@@ -3,7 +3,9 @@
 Every run starts from the same pretrained checkpoint; a restart changes the seed, i.e. the data
 shuffling, the head initialisation and the dropout masks. Writes ``sweep_results.md`` (the table)
 and ``sweep_results.json`` into the workdir, and the best run's checkpoint, dev predictions and
-test predictions as ``train_and_evaluate`` does.
+test predictions as ``train_and_evaluate`` does. Each run trains in its own training workdir,
+``WORKDIR/sweep_runs/lr<rate>_seed<seed>/`` (train state, record, lease: as a ``train`` run's), so
+an interrupted sweep resumes where it stopped: finished runs are only re-evaluated.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import jax
 
 from bertjax.finetune import inputs, tasks
 from bertjax.finetune import loop as T
-from bertjax.finetune import step as step_lib
+from bertjax.finetune import objective as objective_lib
+
+RUNS_DIR = "sweep_runs"  # WORKDIR/sweep_runs/lr<rate>_seed<seed>/: each run's training workdir
 
 
 def _table(rows: list[dict], metric: str, best: int) -> str:
@@ -34,43 +38,40 @@ def sweep(config, workdir: str) -> dict:
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
-    os.makedirs(workdir, exist_ok=True)  # after reading: bad data leaves no trace in the workdir
-    model = step_lib.build_model(task, bert_config)
-    runner = step_lib.Runner(task, model, config)
+    model = objective_lib.build_model(task, bert_config)
     train_features = data.features[task.train_split]
-    rows, best, best_params = [], -1, None
+    objective = objective_lib.objective_for(task, model, train_features.arrays)
+    rows, best, best_params, predictor = [], -1, None, None
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
             seed = config.seed + restart
             params = inputs.init_params(
                 model, pretrained, train_features.arrays, jax.random.key(seed)
             )
-            params, loss = T.fit(
-                runner, params, train_features, learning_rate=learning_rate, seed=seed
+            fitted = T.fit(
+                config, task, model, params, train_features,
+                workdir=os.path.join(workdir, RUNS_DIR, f"lr{learning_rate:g}_seed{seed}"),
+                learning_rate=learning_rate, seed=seed, bert_config=bert_config,
+                vocab_file=vocab_file, lower=lower,
+            )  # fmt: skip
+            if fitted.stopped:
+                print(f"stopped: rerun the same command to resume the sweep in {workdir}")
+                return {"stopped": True}
+            if predictor is None:
+                predictor = objective_lib.Predictor(
+                    objective, fitted.mesh, config.mesh.rules, config.eval_batch_size
+                )
+            dev = T.evaluate_and_write(
+                predictor, task, fitted.params, data, task.dev_splits, out_dir=None
             )
-            dev = T.evaluate_and_write(runner, task, params, data, task.dev_splits, out_dir=None)
-            first = dev[task.dev_splits[0]]
-            rows.append(
-                {
-                    "learning_rate": learning_rate,
-                    "seed": seed,
-                    "final_train_loss": loss,
-                    "dev": {
-                        f"{s}/{k}": v
-                        for s, m in dev.items()
-                        for k, v in m.items()
-                        if isinstance(v, int | float)
-                    },
-                }
-            )
+            rows.append(_row(learning_rate, seed, fitted.final_loss, dev))
+            score = dev[task.dev_splits[0]][task.primary_metric]
             print(
-                f"sweep lr={learning_rate:g} seed={seed}: dev {task.primary_metric} "
-                f"{first[task.primary_metric]:.2f}",
+                f"sweep lr={learning_rate:g} seed={seed}: dev {task.primary_metric} {score:.2f}",
                 flush=True,
             )
-            score = first[task.primary_metric]
             if best < 0 or score > rows[best]["score"]:
-                best, best_params = len(rows) - 1, params
+                best, best_params = len(rows) - 1, fitted.params
             rows[-1]["score"] = score
     result = {
         "task": task.name,
@@ -83,12 +84,26 @@ def sweep(config, workdir: str) -> dict:
     with T.staged_outputs(workdir) as stage:  # all or nothing, the tables last
         T.save(stage, best_params, bert_config, vocab_file, lower)
         out_dir = os.path.join(stage, "predictions")
-        T.evaluate_and_write(runner, task, best_params, data, task.dev_splits, out_dir)
+        T.evaluate_and_write(predictor, task, best_params, data, task.dev_splits, out_dir)
         T.evaluate_and_write(
-            runner, task, best_params, data, test_splits, out_dir, with_labels=False
+            predictor, task, best_params, data, test_splits, out_dir, with_labels=False
         )
         T.write_json(os.path.join(stage, "sweep_results.json"), result)
         tasks.write_text_atomically(
             os.path.join(stage, "sweep_results.md"), _table(rows, task.primary_metric, best)
         )
     return result
+
+
+def _row(learning_rate: float, seed: int, final_loss: float, dev: dict) -> dict:
+    return {
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "final_train_loss": final_loss,
+        "dev": {
+            f"{s}/{k}": v
+            for s, m in dev.items()
+            for k, v in m.items()
+            if isinstance(v, int | float)
+        },
+    }

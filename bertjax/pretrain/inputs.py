@@ -1,9 +1,10 @@
 """What the pretraining loop feeds the step, and the checks that run before compiling.
 
 ``host_batches`` yields this process's numpy rows of the batch spec (``bertjax.data.pipeline``'s
-docstring; ``bertjax.pretrain.step.BATCH_KEYS``): from ``config.data`` through the input pipeline,
-or random rows of the right shapes when ``config.train.synthetic_data`` is set. ``data_signature``
-names the stream so a resumed run continues its position only on the same data.
+docstring; ``bertjax.pretrain.objective.BATCH_KEYS``): from ``config.data`` through the input
+pipeline, or random rows of the right shapes when ``config.train.synthetic_data`` is set.
+``data_signature`` names the stream so a resumed run continues its position only on the same
+data.
 
 ``check_config`` / ``check_data`` raise ValueError naming the config field before anything is
 compiled; ``check_batch`` checks the first batch, since TFRecords may disagree with the config.
@@ -20,7 +21,7 @@ from etils import epath
 from jax.sharding import Mesh
 
 from bertjax.model.config import BertConfig
-from bertjax.pretrain.step import BATCH_KEYS
+from bertjax.pretrain.objective import BATCH_KEYS
 from bertjax.training import sharding as sh
 
 # ---------------------------------------------------------------- checks before compiling

@@ -21,7 +21,8 @@ that is verified before it is trusted:
    never leaves a half-written checkpoint at the destination. Format 1 (no manifest, no vocab
    fingerprint) is still read, unverified, with a notice.
 
-2. A **training workdir** (``bertjax.main``; ``bertjax.training.workdir``)::
+2. A **training workdir** (``bertjax.main`` and ``bertjax.finetune``'s train runs, through the
+   trainer core; ``bertjax.training.workdir``)::
 
        WORKDIR/bertjax_lease.json     the live run's lease (``bertjax.training.lease``)
        WORKDIR/bertjax_workdir.json   {"format_version": 2, "do_lower_case": bool,
@@ -33,8 +34,10 @@ that is verified before it is trusted:
            state/   the full TrainState (params in the layout being trained, optimizer state,
                     step, non-finite skip count), sharded arrays
            rng/     the base training PRNG key data <uint32>[2]
-           meta/    JSON {"step", "data_signature", "data_position"}: data_position = batches
-                    each host has consumed from the stream named by data_signature
+           meta/    JSON: pretraining {"step", "data_signature", "data_position"}:
+                    data_position = batches each host has consumed from the stream named by
+                    data_signature; fine-tuning {"step", "run", "train_loss"}: the run's task,
+                    data, checkpoint and hyper-parameters, which a resume must share
            bertjax_manifest.json      written once orbax has finalized the step
        WORKDIR/checkpoints_rejected/  steps that failed verification, moved aside
        WORKDIR/tensorboard/           event files
@@ -43,10 +46,11 @@ that is verified before it is trusted:
    against the workdir and the restore). Saves are asynchronous (``config.checkpoint.async_save``)
    every ``config.checkpoint.every_steps`` steps and keep the last ``config.checkpoint.keep``.
 
-   **Restore order** (``bertjax.pretrain.loop.train_and_evaluate``): this workdir's newest step
+   **Restore order** (``bertjax.training.start``): this workdir's newest step
    that verifies (full state, restored straight into the current shardings, any mesh) ->
-   ``config.init_checkpoint`` (params only, via :func:`load_params`; fresh optimizer state) ->
-   fresh initialisation. Vocab fingerprints are compared at every one of these (a differing
+   the run's initial params (pretraining: ``config.init_checkpoint`` via :func:`load_params`;
+   fine-tuning: the pretrained checkpoint plus fresh heads; a fresh optimizer state) -> fresh
+   initialisation. Vocab fingerprints are compared at every one of these (a differing
    size or content is an error unless ``config.allow_vocab_change``).
 """
 

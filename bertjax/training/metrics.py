@@ -1,12 +1,15 @@
-"""Host-side metrics: accumulating the step's sums, FLOPs/MFU, console lines, TensorBoard.
+"""Host-side metrics: accumulating the step's sums, FLOPs/MFU, the console line, TensorBoard.
 
-The train and eval steps return *sums* and *counts* (``bertjax.model.losses``); this module adds
-them up over ``log_every`` steps and divides once on the host, so an average is exact regardless of
-how many masked positions each batch had. MLM accuracy is MLPerf's: correct masked predictions /
-weighted masked positions.
+The train and eval steps return *sums* and *counts* (``bertjax.training.step``); this module adds
+them up over ``log_every`` steps and divides once on the host, so an average is exact regardless
+of how many masked positions or labelled tokens each batch had. The objective's own means (MLM
+and NSP loss and accuracy, ``bertjax.pretrain.objective``) are divided the same way.
+
+One line format serves pretraining and fine-tuning (:func:`format_train_line`), and one
+TensorBoard writer (clu's, :func:`summary_writer`).
 
 MFU = model FLOPs per second (``train_flops_per_sequence``: the matmuls the model computes,
-bidirectional attention counted in full) / the devices' peak
+bidirectional attention counted in full; ``encoder_flops`` for fine-tuning) / the devices' peak
 (``bertjax.training.accelerators.peak_flops_per_device``: ``config.train.peak_flops``, else the
 table's dense bf16 peak of a known TPU/GPU). On CPU, with no configured peak, the log shows the
 achieved model GFLOP/s per device and no MFU.
@@ -33,7 +36,7 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
     h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
     attention_layer = 2 * 2 * length * length * h  # QK^T and PV
-    encoder = cfg.num_layers * (length * per_token_layer + attention_layer)
+    encoder = encoder_flops(cfg, length)
     if cfg.computes_only_output_positions:
         queries = min(1 + predictions, length)
         last_layer = (
@@ -44,6 +47,14 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
         encoder += last_layer - (length * per_token_layer + attention_layer)
     heads = 2 * predictions * (h * h + h * v) + 2 * (h * h + 2 * h)  # MLM + pooler/NSP
     return 3.0 * (encoder + heads)
+
+
+def encoder_flops(cfg: BertConfig, length: int) -> float:
+    """Forward matmul FLOPs of the encoder at every one of ``length`` positions."""
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
+    attention_layer = 2 * 2 * length * length * h  # QK^T and PV
+    return cfg.num_layers * (length * per_token_layer + attention_layer)
 
 
 class Accumulator:
@@ -64,7 +75,7 @@ class Accumulator:
         return time.perf_counter() - self.start
 
 
-def _ratio(num: float, den: float) -> float:
+def ratio(num: float, den: float) -> float:
     return num / den if den > 0 else float("nan")
 
 
@@ -72,38 +83,25 @@ def summarize_train(
     sums: dict,
     seconds: float,
     *,
-    global_batch: int,
-    length: int,
-    flops_per_sequence: float,
+    rows_per_step: int,
+    tokens_per_row: int,
+    flops_per_row: float,
     num_devices: int,
     peak_flops_per_device: float | None,
 ) -> dict:
-    """Window sums -> the scalars a user sees (means, rates, model FLOP/s per device, MFU)."""
+    """Window sums of the train step's metrics (``bertjax.training.step``) -> the mean loss and
+    gradient norm per update, rows and tokens per second, model FLOP/s per device and MFU."""
     steps = sums["steps"]
     out = {
-        "loss": _ratio(sums["loss_sum"], steps),
-        "mlm_loss": _ratio(sums["mlm_loss_sum"], sums["mlm_weight_sum"]),
-        "mlm_accuracy": _ratio(sums["mlm_correct_sum"], sums["mlm_weight_sum"]),
-        "nsp_loss": _ratio(sums["nsp_loss_sum"], sums["nsp_weight_sum"]),
-        "nsp_accuracy": _ratio(sums["nsp_correct_sum"], sums["nsp_weight_sum"]),
-        "grad_norm": _ratio(sums["grad_norm_sum"], steps),
-        "sequences_per_sec": _ratio(steps * global_batch, seconds),
+        "loss": ratio(sums["loss_sum"], steps),
+        "grad_norm": ratio(sums["grad_norm_sum"], steps),
+        "sequences_per_sec": ratio(steps * rows_per_step, seconds),
     }
-    out["tokens_per_sec"] = out["sequences_per_sec"] * length
-    out["flops_per_device"] = out["sequences_per_sec"] * flops_per_sequence / num_devices
+    out["tokens_per_sec"] = out["sequences_per_sec"] * tokens_per_row
+    out["flops_per_device"] = out["sequences_per_sec"] * flops_per_row / num_devices
     if peak_flops_per_device:
         out["mfu"] = out["flops_per_device"] / peak_flops_per_device
     return out
-
-
-def summarize_eval(sums: dict) -> dict:
-    return {
-        "mlm_loss": _ratio(sums["mlm_loss_sum"], sums["mlm_weight_sum"]),
-        "mlm_accuracy": _ratio(sums["mlm_correct_sum"], sums["mlm_weight_sum"]),
-        "nsp_loss": _ratio(sums["nsp_loss_sum"], sums["nsp_weight_sum"]),
-        "nsp_accuracy": _ratio(sums["nsp_correct_sum"], sums["nsp_weight_sum"]),
-        "sequences": sums["nsp_weight_sum"],
-    }
 
 
 def format_eta(seconds: float) -> str:
@@ -114,38 +112,31 @@ def format_eta(seconds: float) -> str:
 
 
 def format_train_line(
-    step: int, num_steps: int, values: dict, learning_rate: float, eta_seconds: float
+    step: int,
+    num_steps: int,
+    values: dict,
+    learning_rate: float,
+    eta_seconds: float,
+    short_names: tuple[tuple[str, str], ...] = (),
 ) -> str:
+    """``step s/N loss X <the objective's metrics> lr grad_norm seq/s tok/s gflop/s/dev [mfu]
+    eta``; ``short_names`` lists the objective's metrics in order with their names here."""
+    objective = "".join(f" {short} {values[name]:.4f}" for name, short in short_names)
     mfu = f" mfu {100 * values['mfu']:.1f}%" if "mfu" in values else ""
     return (
-        f"step {step}/{num_steps} loss {values['loss']:.4f} "
-        f"mlm_loss {values['mlm_loss']:.4f} mlm_acc {values['mlm_accuracy']:.4f} "
-        f"nsp_loss {values['nsp_loss']:.4f} nsp_acc {values['nsp_accuracy']:.4f} "
+        f"step {step}/{num_steps} loss {values['loss']:.4f}{objective} "
         f"lr {learning_rate:.3g} grad_norm {values['grad_norm']:.3f} "
         f"seq/s {values['sequences_per_sec']:.1f} tok/s {values['tokens_per_sec']:.0f} "
         f"gflop/s/dev {values['flops_per_device'] / 1e9:.1f}{mfu} eta {format_eta(eta_seconds)}"
     )
 
 
-class SummaryWriter:
-    """TensorBoard scalars (tf.summary) under ``logdir``; a no-op on non-zero processes."""
+def summary_writer(logdir: str):
+    """clu's TensorBoard writer (asynchronous; local or ``gs://``) on process 0, a writer that
+    drops everything on the others. Scalars are ``write_scalars(step, {name: value})``."""
+    import jax  # noqa: PLC0415 - the module itself stays importable without JAX or TensorFlow
+    from clu import metric_writers  # noqa: PLC0415 - imports TensorFlow
 
-    def __init__(self, logdir: str, enabled: bool):
-        self._writer = None
-        if enabled:
-            import tensorflow as tf  # noqa: PLC0415 - only the writing process pays the import
-
-            self._tf = tf
-            self._writer = tf.summary.create_file_writer(logdir)
-
-    def scalars(self, step: int, values: dict, prefix: str) -> None:
-        if self._writer is None:
-            return
-        with self._writer.as_default():
-            for k, v in values.items():
-                self._tf.summary.scalar(f"{prefix}/{k}", float(v), step=step)
-        self._writer.flush()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+    if jax.process_index() != 0:
+        return metric_writers.MultiWriter([])
+    return metric_writers.AsyncWriter(metric_writers.SummaryWriter(logdir))

@@ -292,10 +292,11 @@ class Checkpoints:
         free = shutil.disk_usage(self.directory).free
         if free < needed:
             kept = self.manager.latest_step()
+            kept = "there is none yet" if kept is None else f"step {kept}, is kept"
             raise CheckpointError(
                 f"checkpoint step {step} needs about {needed / 2**20:.1f} MiB in "
                 f"{self.directory}, {free / 2**20:.1f} MiB are free: the run stopped before "
-                f"saving; the last complete checkpoint (step {kept}) is kept"
+                f"saving; the last complete checkpoint, {kept}"
             )
 
     @contextlib.contextmanager

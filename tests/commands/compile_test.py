@@ -55,15 +55,15 @@ def test_tpu_program_runs_the_pallas_flash_kernel_unless_xla_is_asked():
     """attention_impl='auto' traces the Mosaic kernel for a TPU mesh even on this CPU host."""
     from jax.experimental import topologies
 
-    from bertjax.pretrain import step as step_lib
+    from bertjax.pretrain import objective as objective_lib
     from bertjax.training import sharding as sh
 
     devices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices
     for impl, expected in (("auto", True), ("xla", False)):
         config = _config(attention_impl=impl)
-        steps = step_lib.build_steps(config, sh.create_mesh(config.mesh.shape, devices))
+        steps = objective_lib.build_steps(config, sh.create_mesh(config.mesh.shape, devices))
         args, _ = compile_tool._abstract_args(steps)
-        hlo = steps.train_step.lower(*args).as_text()
+        hlo = steps.trainer.train_step.lower(*args).as_text()
         assert ("tpu_custom_call" in hlo) is expected, impl
 
 

@@ -190,7 +190,7 @@ def test_5_full_disk_stops_with_one_line_and_the_last_checkpoint_resumes(env, re
         line = _one_line_error(result)
         assert line.startswith("main: error: checkpoint step 4 needs about ")
         assert f"in {disk}/run/checkpoints" in line and "the run stopped before saving" in line
-        assert line.endswith("the last complete checkpoint (step 2) is kept")
+        assert line.endswith("the last complete checkpoint, step 2, is kept")
         steps = [int(x.split()[1].split("/")[0]) for x in result.stdout.splitlines()
                  if x.startswith("step ")]  # fmt: skip
         assert steps and steps[-1] < NUM_STEPS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax import convert
-from bertjax.finetune import inputs, step
+from bertjax.finetune import inputs, objective
 from bertjax.model import heads
 
 torch = pytest.importorskip("torch")
@@ -44,7 +44,9 @@ def batch(minilm):
 def _ours(model, converted, batch, choices=False):
     features = {k: (np.stack([v, v[::-1]], axis=1) if choices else v) for k, v in batch.items()}
     params = inputs.init_params(model, converted.params, features, jax.random.key(1))
-    logits = jax.jit(model.apply)({"params": params}, *(features[k] for k in step.MODEL_INPUTS))
+    logits = jax.jit(model.apply)(
+        {"params": params}, *(features[k] for k in objective.MODEL_INPUTS)
+    )
     return params, np.asarray(logits), features
 
 

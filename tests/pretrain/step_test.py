@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 from bertjax.model import backend
-from bertjax.model.heads import BertForPreTraining
 from bertjax.pretrain import inputs
-from bertjax.pretrain import step as step_lib
-from bertjax.training import optimizer
+from bertjax.pretrain import objective as objective_lib
 from bertjax.training import sharding as sh
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "configs"))
@@ -63,39 +61,19 @@ def tiny_batches():
         yield batch
 
 
-def build_step(config, mesh, bert_config=None):
-    """What train_loop builds before its first step -> (model, tx, abstract state, shardings,
-    jitted train step) for ``config``'s shapes on ``mesh``; nothing is allocated or compiled."""
-    bert_config = bert_config or step_lib.bert_config_from(config)
-    model = BertForPreTraining(bert_config)
-    steps = step_lib.schedule_steps(config)
-    tx = optimizer.create_optimizer(config.optimizer, steps)
-    schedule = optimizer.learning_rate_schedule(config.optimizer, steps)
-    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
-    abstract, shardings = step_lib.state_shardings(
-        model, tx, mesh, config.mesh.rules, length, predictions
-    )
-    batch = step_lib.abstract_batch(config.train.global_batch_size, length, predictions)
-    step_fn = step_lib.jit_train_step(
-        model, tx, schedule, step_lib.step_config_from(config), mesh, config.mesh.rules, shardings,
-        batch,
-    )  # fmt: skip
-    return model, tx, abstract, shardings, step_fn
-
-
 def run_steps(config, devices, mesh_shape):
     """Trains ``config.train.num_steps`` on ``devices`` -> (losses, numpy params, state,
-    step_fn, mesh)."""
+    step_fn, mesh), with what ``bertjax.main`` builds (``objective.build_steps``)."""
     mesh = sh.create_mesh(mesh_shape, devices)
-    model, tx, _, shardings, step_fn = build_step(config, mesh)
-    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(0), LENGTH, PREDICTIONS)
+    trainer = objective_lib.build_steps(config, mesh).trainer
+    state = trainer.init_state(jax.random.key(0))
     batches = tiny_batches()
     losses = []
     for _ in range(config.train.num_steps):
-        state, metrics = step_fn(state, sh.make_global_batch(next(batches), mesh), RNG)
+        state, metrics = trainer.train_step(state, sh.make_global_batch(next(batches), mesh), RNG)
         losses.append(float(metrics["loss_sum"]))
     params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    return np.array(losses), params, state, step_fn, mesh
+    return np.array(losses), params, state, trainer.train_step, mesh
 
 
 @functools.cache
@@ -150,15 +128,11 @@ def test_large_config_train_step_compiles_on_a_fake_mesh():
     import large  # noqa: PLC0415
 
     config = large.get_config()
-    bert_config = step_lib.bert_config_from(config).replace(
-        scan_layers=True, remat_policy="dots", dtype="bfloat16"
-    )
-    mesh = sh.create_mesh((2, 2, 2))
-    *_, abstract, _, step_fn = build_step(config, mesh, bert_config)
-    length, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
-    batch = step_lib.abstract_batch(config.train.global_batch_size, length, predictions)
+    config.model.update(scan_layers=True, remat_policy="dots", dtype="bfloat16")
+    trainer = objective_lib.build_steps(config, sh.create_mesh((2, 2, 2))).trainer
+    abstract = trainer.abstract_state
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    compiled = step_fn.lower(abstract, batch, rng).compile()
+    compiled = trainer.train_step.lower(abstract, trainer.train_batch, rng).compile()
     assert compiled is not None
     params = abstract.params["encoder"]["layers"]["layer"]["intermediate"]["kernel"]
     assert params.shape == (24, 1024, 4096)  # BERT-LARGE, stacked for scan
@@ -178,7 +152,7 @@ def test_config_errors_before_compiling(field, value, message):
     config[section][key] = value
     mesh = sh.create_mesh((8, 1, 1))
     with pytest.raises(ValueError, match=message):
-        inputs.check_config(config, step_lib.bert_config_from(config), mesh, 1)
+        inputs.check_config(config, objective_lib.bert_config_from(config), mesh, 1)
 
 
 def test_batch_shape_mismatch_is_reported():
@@ -193,8 +167,8 @@ def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
     # contract), taken from the data pipeline without making the step's module import TensorFlow.
     original = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked_lm_ids",
                 "masked_lm_weights", "next_sentence_labels")  # fmt: skip
-    assert step_lib.BATCH_KEYS == original
-    script = "import sys, bertjax.pretrain.step; print('tensorflow' in sys.modules)"
+    assert objective_lib.BATCH_KEYS == original
+    script = "import sys, bertjax.pretrain.objective; print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 

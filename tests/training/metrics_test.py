@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bertjax.model.config import BertConfig, config_for_size
+from bertjax.pretrain import objective
 from bertjax.training import metrics
 
 
@@ -53,12 +54,13 @@ def test_summaries_divide_sums_once():
     values = metrics.summarize_train(
         acc.sums,
         2.0,
-        global_batch=4,
-        length=8,
-        flops_per_sequence=10.0,
+        rows_per_step=4,
+        tokens_per_row=8,
+        flops_per_row=10.0,
         num_devices=2,
         peak_flops_per_device=20.0,
     )
+    values.update(objective.summarize(acc.sums))
     # Means over all masked positions of the window, not a mean of per-step means.
     np.testing.assert_allclose(values["mlm_loss"], 8.0 / 4.0)
     np.testing.assert_allclose(values["mlm_accuracy"], 1.0 / 4.0)
@@ -67,8 +69,11 @@ def test_summaries_divide_sums_once():
     np.testing.assert_allclose(values["sequences_per_sec"], 4.0)
     np.testing.assert_allclose(values["tokens_per_sec"], 32.0)
     np.testing.assert_allclose(values["mfu"], 4.0 * 10.0 / 40.0)
-    line = metrics.format_train_line(10, 100, values, 1e-4, 3725.0)
-    assert "mfu 100.0%" in line and "eta 1h02m05s" in line
+    line = metrics.format_train_line(10, 100, values, 1e-4, 3725.0, objective.SHORT_NAMES)
+    assert line == (
+        "step 10/100 loss 3.0000 mlm_loss 2.0000 mlm_acc 0.2500 nsp_loss 0.5000 nsp_acc 0.7500 "
+        "lr 0.0001 grad_norm 2.000 seq/s 4.0 tok/s 32 gflop/s/dev 0.0 mfu 100.0% eta 1h02m05s"
+    )
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
@@ -117,9 +122,9 @@ def test_mfu_against_a_hand_count_of_every_matmul(attention, gather_last_layer):
     values = metrics.summarize_train(
         sums,
         2.0,
-        global_batch=4,
-        length=4,
-        flops_per_sequence=flops,
+        rows_per_step=4,
+        tokens_per_row=4,
+        flops_per_row=flops,
         num_devices=2,
         peak_flops_per_device=1e5,
     )
@@ -135,7 +140,7 @@ def test_line_shows_flops_per_device_and_mfu_only_with_a_peak():
         ["loss_sum", "mlm_loss_sum", "mlm_correct_sum", "mlm_weight_sum", "grad_norm_sum"], 1.0
     )
     sums.update(nsp_loss_sum=1.0, nsp_correct_sum=1.0, nsp_weight_sum=1.0, steps=1.0)
-    common = dict(global_batch=2, length=4, flops_per_sequence=5e9, num_devices=1)
+    common = dict(rows_per_step=2, tokens_per_row=4, flops_per_row=5e9, num_devices=1)
     without = metrics.summarize_train(sums, 1.0, **common, peak_flops_per_device=None)
     line = metrics.format_train_line(1, 10, without, 1e-4, 9.0)
     assert "gflop/s/dev 10.0" in line and "mfu" not in line and "mfu" not in without

@@ -8,21 +8,18 @@ import numpy as np
 import pytest
 
 from bertjax.data import bundled
-from bertjax.model.heads import BertForPreTraining
-from bertjax.pretrain import step as step_lib
-from bertjax.training import checkpoint, checkpoint_manifest, optimizer, workdir
+from bertjax.pretrain import objective as objective_lib
+from bertjax.training import checkpoint, checkpoint_manifest, compiled, optimizer, workdir
 from bertjax.training import sharding as sh
-from tests.pretrain.step_test import LENGTH, PREDICTIONS, tiny_config
+from tests.pretrain.step_test import tiny_config
 
 
 def _setup(config, mesh_shape):
-    model = BertForPreTraining(step_lib.bert_config_from(config))
+    objective = objective_lib.objective_from(config, objective_lib.bert_config_from(config))
     tx = optimizer.create_optimizer(config.optimizer, 10)
     mesh = sh.create_mesh(mesh_shape)
-    abstract, shardings = step_lib.state_shardings(
-        model, tx, mesh, config.mesh.rules, LENGTH, PREDICTIONS
-    )
-    return model, tx, abstract, shardings
+    abstract, shardings = compiled.state_shardings(objective, tx, mesh, config.mesh.rules)
+    return objective, tx, abstract, shardings
 
 
 def _save(path, state, steps, rng):
@@ -36,8 +33,8 @@ def _save(path, state, steps, rng):
 
 def test_save_on_one_mesh_restore_the_newest_verified_step_on_another(tmp_path):
     config = tiny_config()
-    model, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(3), LENGTH, PREDICTIONS)
+    objective, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
     # Make the optimizer state non-trivial so a wrong restore would show.
     state = state.replace(
         opt_state=jax.tree.map(lambda x: x + 0.5 if x.dtype == jnp.float32 else x, state.opt_state)
@@ -93,7 +90,7 @@ def test_damage_with_nothing_verified_stops_but_incomplete_saves_start_afresh(tm
 
 
 def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):
-    bert_config = step_lib.bert_config_from(tiny_config())
+    bert_config = objective_lib.bert_config_from(tiny_config())
     workdir.write_record(tmp_path, bert_config, bundled.VOCAB, True, "{}")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     other = bert_config.replace(num_layers=3, intermediate_size=48, dtype="bfloat16")
@@ -125,8 +122,8 @@ def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch
     """A run stopping on an error calls close(), not finish(): the save orbax finalized must
     still get its manifest (the error message calls it kept; the next run restores it)."""
     config = tiny_config()
-    model, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = step_lib.init_train_state(model, tx, shardings, jax.random.key(3), LENGTH, PREDICTIONS)
+    objective, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
     sealer_class = checkpoint_manifest.ManifestSealer
     # A sealer that would not look again for a minute (a slow poll or a busy host).
     monkeypatch.setattr(

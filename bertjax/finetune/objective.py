@@ -1,0 +1,160 @@
+"""Fine-tuning's objective on the trainer core: a task head, its loss, and predictions.
+
+The train step, its state, shardings, accumulation and non-finite guard are the trainer core's
+(``bertjax.training.step``, ``bertjax.training.compiled``), as in pretraining: the params are
+sharded by their logical axes through ``config.mesh.rules`` over the ``('data', 'fsdp',
+'tensor')`` mesh of ``config.mesh.shape``; batches are split over ``('data', 'fsdp')``.
+
+Losses (``task_loss``) are those of run_classifier.py / run_squad.py, as sums over the batch's
+examples divided by a count over the whole global batch (so accumulation gives the same update):
+softmax cross entropy per example (classification, multiple choice), squared error (regression),
+the mean of the start and end cross entropies (spans), cross entropy per first word piece
+(tagging). Padded examples carry ``example_weights`` 0.
+
+:class:`Predictor` runs the model over every feature of a split, in order: every process holds the
+whole (small) split and places only the shards of its own devices
+(``bertjax.training.sharding.put_global``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bertjax.model import heads, losses
+from bertjax.model.config import BertConfig
+from bertjax.training import compiled
+from bertjax.training import sharding as sh
+
+MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
+
+
+def build_model(task, bert_config: BertConfig) -> nn.Module:
+    """The model of ``task.head`` (``bertjax.model.heads``) on ``bert_config``."""
+    if task.head in ("classification", "regression"):
+        return heads.BertForSequenceClassification(bert_config, task.num_labels)
+    if task.head == "span":
+        return heads.BertForQuestionAnswering(bert_config)
+    if task.head == "tagging":
+        return heads.BertForTokenClassification(bert_config, task.num_labels)
+    return heads.BertForMultipleChoice(bert_config)
+
+
+def model_input_specs(example: dict) -> list[jax.ShapeDtypeStruct]:
+    """Shapes of one example's model inputs (batch 1) from feature arrays with leading dim N."""
+    return [jax.ShapeDtypeStruct((1, *example[k].shape[1:]), np.int32) for k in MODEL_INPUTS]
+
+
+def task_loss(head: str, logits: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
+    """(loss sum, weight sum) of one batch; padded examples have ``example_weights`` 0."""
+    weights = batch["example_weights"]
+    if head == "regression":
+        return jnp.sum(weights * (logits[:, 0] - batch["label_ids"]) ** 2), jnp.sum(weights)
+    if head == "span":
+        start = losses.weighted_cross_entropy(logits[..., 0], batch["start_positions"], weights)
+        end = losses.weighted_cross_entropy(logits[..., 1], batch["end_positions"], weights)
+        return (start["loss_sum"] + end["loss_sum"]) / 2, start["weight_sum"]
+    if head == "tagging":
+        token_weights = batch["label_weights"] * weights[:, None]
+        sums = losses.weighted_cross_entropy(logits, batch["label_ids"], token_weights)
+        return sums["loss_sum"], sums["weight_sum"]
+    sums = losses.weighted_cross_entropy(logits, batch["label_ids"], weights)
+    return sums["loss_sum"], sums["weight_sum"]
+
+
+def _task_weights(head: str, batch: dict) -> jax.Array:
+    """What ``task_loss`` counts: examples, or labelled first word pieces for tagging."""
+    weights = batch["example_weights"].astype(jnp.float32)
+    if head == "tagging":
+        return batch["label_weights"] * weights[:, None]
+    return weights
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuning:
+    """The ``bertjax.training.step.Objective`` of a task head (hashable: bound into the jit)."""
+
+    model: nn.Module
+    head: str
+    input_shape: tuple[int, ...]  # one example's input_ids shape: (L,) or (choices, L)
+
+    def init(self, rng):
+        ids = jnp.zeros((1, *self.input_shape), jnp.int32)
+        return self.model.init(rng, ids, ids, ids)["params"]
+
+    def normalizers(self, batch) -> dict:
+        return {"task": jnp.sum(_task_weights(self.head, batch))}
+
+    def sums(self, params, batch, dropout_rng) -> dict:
+        logits = self.model.apply(
+            {"params": params},
+            *(batch[k] for k in MODEL_INPUTS),
+            deterministic=dropout_rng is None,
+            rngs=None if dropout_rng is None else {"dropout": dropout_rng},
+        )
+        loss_sum, weight_sum = task_loss(self.head, logits, batch)
+        return {"task_loss_sum": loss_sum, "task_weight_sum": weight_sum}
+
+    def loss(self, sums, normalizers):
+        return sums["task_loss_sum"] / jnp.maximum(normalizers["task"], 1.0)
+
+
+def objective_for(task, model: nn.Module, example: dict) -> FineTuning:
+    """``task``'s objective; ``example``: feature arrays (their shapes fix the inputs')."""
+    return FineTuning(model, task.head, tuple(example["input_ids"].shape[1:]))
+
+
+class Predictor:
+    """The model's outputs for every feature of a split, in order, on ``mesh``."""
+
+    def __init__(self, objective: FineTuning, mesh: Mesh, rules, eval_batch_size: int):
+        self.objective, self.mesh, self.rules = objective, mesh, sh.normalize_rules(rules)
+        self.batch_size = int(eval_batch_size)
+        self.param_shardings = compiled.param_shardings(objective, mesh, self.rules)
+        self._logits = {}  # input ranks -> the jitted forward
+
+    def place(self, params):
+        """Host (or differently placed) params -> global arrays in the param shardings."""
+        return jax.tree.map(
+            lambda x, s: x if isinstance(x, jax.Array) and x.sharding == s else sh.put_global(x, s),
+            params,
+            self.param_shardings,
+        )
+
+    def _forward(self, ndim: int) -> compiled.OnMesh:
+        if ndim not in self._logits:
+            model = self.objective.model
+            inputs = {k: sh.batch_sharding(self.mesh, ndim) for k in MODEL_INPUTS}
+            jitted = jax.jit(
+                lambda params, batch: model.apply(
+                    {"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True
+                ),
+                in_shardings=(self.param_shardings, inputs),
+                out_shardings=NamedSharding(self.mesh, PartitionSpec()),
+            )
+            self._logits[ndim] = compiled.OnMesh(jitted, self.mesh, self.rules)
+        return self._logits[ndim]
+
+    def logits(self, params, features) -> np.ndarray:
+        """Model outputs for every feature, in order: <float32>[N, ...]."""
+        params = self.place(params)
+        ndim = features.arrays["input_ids"].ndim
+        forward, sharding = self._forward(ndim), sh.batch_sharding(self.mesh, ndim)
+        size, outputs = self.batch_size, []
+        for start in range(0, len(features), size):
+            rows = {k: features.arrays[k][start : start + size] for k in MODEL_INPUTS}
+            real = len(rows["input_ids"])
+            batch = {k: sh.put_global(_pad_rows(v, size), sharding) for k, v in rows.items()}
+            outputs.append(np.asarray(forward(params, batch))[:real])
+        return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)
+
+
+def _pad_rows(x: np.ndarray, size: int) -> np.ndarray:
+    if len(x) == size:
+        return x
+    return np.concatenate([x, np.zeros((size - len(x), *x.shape[1:]), x.dtype)])

@@ -1,0 +1,152 @@
+"""Pretraining's objective on the trainer core: MLM + NSP on ``BertForPreTraining``.
+
+The loss is the paper's: mean MLM loss over the masked positions of the global batch plus
+``train.nsp_loss_weight`` x mean NSP loss over its sequences (``bertjax.model.losses``); the
+denominators are counted over the whole global batch before it is split into micro-batches, so
+gradient accumulation gives the same update. The batch is the spec of ``bertjax.data.pipeline``
+(``BATCH_KEYS``), split over the mesh's data axes; eval batches also carry ``example_weight``.
+
+Everything else (state, shardings, the pure step, jit, accumulation, the non-finite guard) is the
+trainer core's: ``bertjax.training.step`` and ``bertjax.training.compiled``. :func:`build_trainer`
+is what ``bertjax.main`` runs and ``python -m bertjax.compile`` lowers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from jax.sharding import Mesh
+
+from bertjax.data import pipeline
+from bertjax.model import losses
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import BertForPreTraining
+from bertjax.training import compiled, metrics, optimizer
+from bertjax.training.step import StepConfig
+
+# The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
+BATCH_KEYS = pipeline.STEP_FEATURES
+# The objective's metrics in the console line, in order, with their names there.
+SHORT_NAMES = (
+    ("mlm_loss", "mlm_loss"),
+    ("mlm_accuracy", "mlm_acc"),
+    ("nsp_loss", "nsp_loss"),
+    ("nsp_accuracy", "nsp_acc"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+    """The ``bertjax.training.step.Objective`` of MLM + NSP (hashable: bound into the jit)."""
+
+    model: nn.Module
+    length: int
+    predictions: int
+    nsp_loss_weight: float = 1.0
+
+    def init(self, rng):
+        ids = jnp.zeros((1, self.length), jnp.int32)
+        positions = jnp.zeros((1, self.predictions), jnp.int32)
+        return self.model.init({"params": rng}, ids, ids, ids, positions)["params"]
+
+    def normalizers(self, batch) -> dict:
+        return {
+            "mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
+            "nsp": jnp.sum(losses.example_weights(batch)),
+        }
+
+    def sums(self, params, batch, dropout_rng) -> dict:
+        out = self.model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=dropout_rng is None,
+            rngs=None if dropout_rng is None else {"dropout": dropout_rng},
+        )
+        return losses.pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
+
+    def loss(self, sums, normalizers):
+        return losses.total_loss(sums, normalizers["mlm"], normalizers["nsp"], self.nsp_loss_weight)
+
+
+def summarize(sums: dict) -> dict:
+    """Window (or eval) sums -> mean MLM/NSP loss and accuracy (MLM accuracy is MLPerf's:
+    correct masked predictions / weighted masked positions)."""
+    return {
+        "mlm_loss": metrics.ratio(sums["mlm_loss_sum"], sums["mlm_weight_sum"]),
+        "mlm_accuracy": metrics.ratio(sums["mlm_correct_sum"], sums["mlm_weight_sum"]),
+        "nsp_loss": metrics.ratio(sums["nsp_loss_sum"], sums["nsp_weight_sum"]),
+        "nsp_accuracy": metrics.ratio(sums["nsp_correct_sum"], sums["nsp_weight_sum"]),
+    }
+
+
+def summarize_eval(sums: dict) -> dict:
+    return {**summarize(sums), "sequences": sums["nsp_weight_sum"]}
+
+
+def bert_config_from(config) -> BertConfig:
+    """``config.model`` as a BertConfig (ValueError naming the field when it cannot work)."""
+    return BertConfig.from_dict(config.model.to_dict(), source="config.model")
+
+
+def step_config_from(config) -> StepConfig:
+    return StepConfig(int(config.train.grad_accum_steps), bool(config.train.skip_nonfinite))
+
+
+def schedule_steps(config) -> int:
+    return int(config.optimizer.decay_steps) or int(config.train.num_steps)
+
+
+def objective_from(config, bert_config: BertConfig) -> Pretraining:
+    return Pretraining(
+        BertForPreTraining(bert_config),
+        int(config.data.max_seq_length),
+        int(config.data.max_predictions_per_seq),
+        float(config.train.nsp_loss_weight),
+    )
+
+
+def abstract_batch(global_batch: int, length: int, predictions: int, eval: bool = False) -> dict:
+    """The global batch spec; eval batches also carry ``example_weight <float32>[B]``."""
+    i32, f32 = jnp.int32, jnp.float32
+    spec = {k: ((global_batch, length), i32) for k in BATCH_KEYS[:3]}
+    spec.update(
+        masked_lm_positions=((global_batch, predictions), i32),
+        masked_lm_ids=((global_batch, predictions), i32),
+        masked_lm_weights=((global_batch, predictions), f32),
+        next_sentence_labels=((global_batch,), i32),
+    )
+    if eval:
+        spec["example_weight"] = ((global_batch,), f32)
+    return {k: jax.ShapeDtypeStruct(*v) for k, v in spec.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """What ``bertjax.main`` compiles for a config on a mesh, built without allocating."""
+
+    bert_config: BertConfig
+    trainer: compiled.Trainer
+    eval_step: compiled.OnMesh
+    eval_batch: dict  # the abstract global eval batch
+
+
+def build_steps(config, mesh: Mesh) -> Steps:
+    """The trainer (abstract state, shardings, train step) and the eval step, jitted once for
+    ``config``'s global batch shapes on ``mesh``. Nothing is allocated."""
+    bert_config = bert_config_from(config)
+    length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
+    objective = objective_from(config, bert_config)
+    tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))
+    schedule = optimizer.learning_rate_schedule(config.optimizer, schedule_steps(config))
+    train_batch = abstract_batch(int(config.train.global_batch_size), length, predictions)
+    eval_batch = abstract_batch(int(config.train.eval_batch_size), length, predictions, eval=True)
+    trainer = compiled.build_trainer(
+        objective, tx, schedule, step_config_from(config), mesh, config.mesh.rules, train_batch
+    )
+    return Steps(bert_config, trainer, trainer.jit_eval(eval_batch), eval_batch)

@@ -1,0 +1,263 @@
+"""The trainer core's host loop, shared by pretraining and fine-tuning.
+
+``Loop.run(state, batches)`` steps until ``Cadence.num_steps``; logs after its first step (whose
+time includes compiling), every ``log_every`` steps and at the end (one console line and
+TensorBoard scalars, ``bertjax.training.metrics``), evaluates every
+``eval_every`` (through the run's ``evaluate`` callback), saves every ``save_every`` and at the
+end. What it was given by ``bertjax.training.start`` (the restored state, the checkpoints, the
+lease) it closes in :meth:`Loop.close`.
+
+Host policies (the step itself is pure; its contract is ``bertjax.training.step``):
+
+- **Metrics** are fetched one step late so the host never waits for the device, except at a log,
+  eval or save boundary, where a non-finite step must be caught before anything is written.
+- **Non-finite** loss or gradient: without ``skip_nonfinite`` the loop raises FloatingPointError
+  naming the step before it logs, evaluates or saves; with it the step has kept the old state
+  and the loop only warns (the state counts the skips).
+- **Stopping**: SIGTERM (preemption) or SIGINT (Ctrl-C) on any host -> all hosts agree, save the
+  current step, return (exit 0); a second signal stops at once without saving.
+- **Failures that stop the run with one line** (and no further step): a background save that
+  failed (e.g. a full disk; the last complete checkpoint stays restorable), a lost lease.
+- **MFU** = model FLOPs per second (``Report.flops_per_row``) / the devices' peak
+  (``train.peak_flops`` if set, else the table's peak of a known TPU/GPU); which one is printed
+  once at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bertjax.training import accelerators, lease
+from bertjax.training import metrics as metrics_lib
+from bertjax.training import sharding as sh
+from bertjax.training.compiled import Trainer
+from bertjax.training.start import Started
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    num_steps: int  # the run stops after this many updates
+    log_every: int
+    eval_every: int  # 0 = never (no evaluate callback either)
+    save_every: int
+    skip_nonfinite: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What the progress line and TensorBoard show besides loss, rates and the ETA."""
+
+    rows_per_step: int  # global batch rows
+    tokens_per_row: int
+    flops_per_row: float  # model FLOPs of one row's forward and backward
+    summarize: Callable[[dict], dict] = lambda sums: {}  # the objective's window metrics
+    short_names: tuple[tuple[str, str], ...] = ()  # (metric, its name in the console line)
+
+
+class _Stop:
+    """SIGTERM (Cloud TPU maintenance, spot preemption) or SIGINT (Ctrl-C): save the current step
+    and return; a second signal raises KeyboardInterrupt at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested = ""  # the signal's name
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum, frame):
+        del frame
+        if self.requested:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopped without saving")
+        self.requested = signal.Signals(signum).name
+
+    def agreed(self, lease_lost: bool) -> tuple[bool, bool]:
+        """(stop requested, lease lost) agreed by all hosts: any host's stops every host."""
+        flags = np.asarray([bool(self.requested), lease_lost], np.int32)
+        if jax.process_count() > 1:
+            flags = np.any(multihost_utils.process_allgather(flags), axis=0)
+        return bool(flags[0]), bool(flags[1])
+
+    def restore(self):
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+
+
+class Loop:
+    """The host side of training: stepping, logging, eval, checkpoints, preemption, NaN policy."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        started: Started,
+        workdir: str,
+        cadence: Cadence,
+        report: Report,
+        *,
+        peak_flops: float = 0.0,
+        evaluate: Callable[[object], dict] | None = None,
+        meta: Callable[[int], dict] = lambda step: {"step": step},
+    ):
+        self.trainer, self.cadence, self.report = trainer, cadence, report
+        self.checkpoints, self.held = started.checkpoints, started.held
+        self.rng_data, self.evaluate, self.meta = started.rng_data, evaluate, meta
+        self.peak, source = accelerators.peak_flops_per_device(
+            float(peak_flops), jax.devices()[0].device_kind
+        )
+        if jax.process_index() == 0:
+            print(f"mfu: {source}", flush=True)
+        self.writer = metrics_lib.summary_writer(str(epath.Path(workdir) / "tensorboard"))
+        self.stop = _Stop()
+        self.window = metrics_lib.Accumulator()
+        self.summary: dict = {}
+        self.last_saved = -1
+        self.last_lr = float("nan")
+
+    def run(self, state, batches: Iterator[dict]) -> dict:
+        """Trains ``state`` on host ``batches`` (this process's rows of each global batch)."""
+        mesh, step = self.trainer.mesh, int(state.step)
+        rng = sh.put_global(self.rng_data, NamedSharding(mesh, PartitionSpec()))
+        self.last_saved = step if self.checkpoints.latest_step() == step else -1
+        pending, started, start_step = None, time.perf_counter(), step
+        while step < self.cadence.num_steps:
+            if self._should_stop(step):
+                break
+            self.checkpoints.check_for_errors()  # a failed background save stops the run
+            batch = sh.make_global_batch(next(batches), mesh)
+            state, step_metrics = self.trainer.train_step(state, batch, rng)
+            step += 1
+            # Fetched one step late (module docstring), except at a boundary.
+            if pending is not None:
+                self._record(*pending)
+            pending = (step, step_metrics)
+            log = (
+                step % self.cadence.log_every == 0
+                or step in (start_step + 1, self.cadence.num_steps)  # after compiling; the end
+            )
+            evaluate = self.cadence.eval_every and step % self.cadence.eval_every == 0
+            save = step % self.cadence.save_every == 0
+            if log or evaluate or save:
+                self._record(*pending)
+                pending = None
+            if log:
+                self._log(step, start_step, started)
+            if evaluate:
+                self._eval(step, state.params)
+            if save:
+                self._save(step, state)
+        if pending is not None:
+            self._record(*pending)
+        return self._finish(step, state)
+
+    def _should_stop(self, step: int) -> bool:
+        requested, lease_lost = self.stop.agreed(self.held is not None and self.held.lost)
+        if lease_lost:
+            raise lease.LeaseError(
+                f"{self.checkpoints.root}: this run lost its lease to another run at step "
+                f"{step}; it stopped without saving"
+            )
+        if requested and jax.process_index() == 0:
+            print(f"{self.stop.requested or 'stop'}: saving step {step}", flush=True)
+        return requested
+
+    def _finish(self, step: int, state) -> dict:
+        self._save(step, state)
+        self.checkpoints.finish()
+        self.summary["stopped"] = bool(self.stop.requested)
+        if self.stop.requested:
+            return self.summary
+        if self.cadence.eval_every and self.summary.get("eval_step") != step:
+            self._eval(step, state.params)
+        self.summary["nonfinite_skips"] = int(state.nonfinite_skips)
+        self.summary["step"] = step
+        self.summary["state"] = state
+        return self.summary
+
+    def _record(self, step: int, step_metrics) -> None:
+        values = jax.device_get(step_metrics)
+        if values["nonfinite"] and not self.cadence.skip_nonfinite:
+            self.checkpoints.finish()
+            raise FloatingPointError(
+                f"non-finite loss or gradient at step {step} (loss={float(values['loss_sum'])}, "
+                f"grad_norm={float(values['grad_norm_sum'])}); the update was not applied and no "
+                "checkpoint was written for it (set skip_nonfinite to skip such updates)"
+            )
+        if values["nonfinite"]:
+            logging.warning("skipped the update of step %d: non-finite loss or gradient", step)
+            return
+        self.last_lr = float(values.pop("learning_rate"))
+        values.pop("nonfinite")
+        self.window.add(values)
+
+    def _log(self, step: int, start_step: int, started: float) -> None:
+        if not self.window.sums:
+            return
+        report = self.report
+        values = {
+            **metrics_lib.summarize_train(
+                self.window.sums,
+                self.window.elapsed(),
+                rows_per_step=report.rows_per_step,
+                tokens_per_row=report.tokens_per_row,
+                flops_per_row=report.flops_per_row,
+                num_devices=jax.device_count(),
+                peak_flops_per_device=self.peak,
+            ),
+            **report.summarize(self.window.sums),
+        }
+        rate = (step - start_step) / max(time.perf_counter() - started, 1e-9)
+        eta = (self.cadence.num_steps - step) / rate
+        line = metrics_lib.format_train_line(
+            step, self.cadence.num_steps, values, self.last_lr, eta, report.short_names
+        )
+        if jax.process_index() == 0:
+            print(line, flush=True)
+        self.writer.write_scalars(
+            step, {f"train/{k}": v for k, v in {**values, "learning_rate": self.last_lr}.items()}
+        )
+        self.writer.flush()
+        self.summary["train"] = values
+        self.window.reset()
+
+    def _eval(self, step: int, params) -> None:
+        values = self.evaluate(params) if self.evaluate else {}
+        if not values:
+            return
+        if jax.process_index() == 0:
+            text = " ".join(f"{k} {v:.4f}" for k, v in values.items())
+            print(f"eval step {step} {text}", flush=True)
+        self.writer.write_scalars(step, {f"eval/{k}": v for k, v in values.items()})
+        self.writer.flush()
+        self.summary["eval"], self.summary["eval_step"] = values, step
+
+    def _save(self, step: int, state) -> None:
+        if step == self.last_saved or step == 0:
+            return
+        if self.held is not None:
+            self.held.check()  # LeaseError (one line) when another run took the workdir
+        self.checkpoints.save(step, state, self.rng_data, self.meta(step))
+        self.last_saved = step
+
+    def close(self) -> None:
+        self.stop.restore()
+        self.writer.close()
+        self.checkpoints.close()
+        if self.held is not None:
+            self.held.release()
+
+
+def print_summary(summary: dict) -> None:
+    """``final summary: {...}`` (JSON) on process 0: the last train window, eval, step."""
+    if jax.process_index() == 0:
+        kept = {k: v for k, v in summary.items() if k not in ("state", "stopped")}
+        print(f"final summary: {json.dumps(kept, sort_keys=True, default=float)}", flush=True)
