@@ -8,13 +8,19 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
                 kernels), dropout, heads, losses; logical axis names on every parameter.
     training/   what both loops share: mesh and sharding, optimizer, checkpoints, metrics,
                 the accelerator table.
+    interop/    HF and TF1 checkpoints <-> bertjax as a library. It sits above training because
+                it reads and writes training's checkpoint and workdir layouts (and needs the
+                model's BertConfig); fine-tuning reads any checkpoint through it.
     pretrain/   step (pure train/eval steps, jitted once), inputs (checks, batches), loop (host).
-    finetune/   the same shape (step, inputs, loop) plus one module per task family.
+    finetune/   the same shape (step, inputs, loop) plus one module per task family; pretrain
+                and finetune are peers and never import each other.
 
 The modules at the top level are the commands users type (``python -m bertjax.<name>``, or the
-``bertjax-<name>`` console scripts): ``main`` (pretraining), ``finetune``, ``compile``,
-``convert``, ``extract_features``, ``tokenize``, ``vocab``, ``create_pretraining_data``,
-``data_stats``; ``cli`` and ``startup`` are what they share.
+``bertjax-<name>`` console scripts): ``main`` (pretraining), ``finetune``
+(``finetune/__main__.py``), ``compile``, ``convert``, ``extract_features``, ``tokenize``,
+``vocab``, ``create_pretraining_data``, ``data_stats``: flags and messages only, and no other
+module imports them; ``cli`` is what they share. ``startup`` sits below every stage.
+``tests/layering_test.py`` walks every import and checks this order.
 
 Importing bertjax sets two environment defaults before JAX and TensorFlow load, unless the user
 set them (``bertjax.startup``): JAX_PLATFORMS=cpu on a machine without TPU/GPU device files, and

@@ -16,7 +16,7 @@ with ``round(x, 6)`` as the original. A pair is truncated to ``max_seq_length - 
 popping from the longer side (``B`` on ties), a single sequence to ``max_seq_length - 2``.
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
-``bertjax.convert``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
+``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
 last batch is padded. The output file is written under a temporary name and renamed into place.
 """
 
@@ -34,7 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli, convert
+from bertjax import cli
+from bertjax.interop import formats
+from bertjax.interop.converted import Converted, ConvertError
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
 
@@ -138,7 +140,7 @@ def _json_line(feature: Feature, activations: np.ndarray, layers: list[int]) -> 
     return json.dumps({"linex_index": feature.unique_id, "features": tokens}) + "\n"
 
 
-def _validate(conv: convert.Converted, max_seq_length: int, batch_size: int, vocab_size: int):
+def _validate(conv: Converted, max_seq_length: int, batch_size: int, vocab_size: int):
     if not 3 <= max_seq_length <= conv.config.max_position_embeddings:
         limit = conv.config.max_position_embeddings
         raise ExtractError(f"--max_seq_length={max_seq_length}: expected 3..{limit}")
@@ -162,8 +164,8 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     except RuntimeError:  # TF already initialised its devices in this process: leave them.
         pass
     try:
-        conv = convert.load(checkpoint, do_lower_case=do_lower_case)
-    except convert.ConvertError as e:
+        conv = formats.load(checkpoint, do_lower_case=do_lower_case)
+    except ConvertError as e:
         raise ExtractError(f"--checkpoint: {e}") from None
     casing = conv.do_lower_case if do_lower_case is None else do_lower_case
     tokenizer = WordPieceTokenizer(vocab_file or conv.vocab_file, casing)

@@ -131,9 +131,12 @@ def write_json(path: str, value) -> None:
     tasks.write_text_atomically(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
-def save(workdir, params, bert_config, vocab_file, lower) -> str:
+def save(workdir, params, bert_config, vocab_file, lower, task) -> str:
     path = os.path.join(workdir, "checkpoint")
-    checkpoint.save_params(path, params, bert_config, vocab_file, lower, overwrite=True)
+    record = task.record()  # the task's head and labels: what HF export needs
+    checkpoint.save_params(
+        path, params, bert_config, vocab_file, lower, task=record, overwrite=True
+    )
     return path
 
 
@@ -184,7 +187,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         writer=writer,
     )
     with staged_outputs(workdir) as stage:  # checkpoint, predictions, then eval_results.json
-        save(stage, params, bert_config, vocab_file, lower)
+        save(stage, params, bert_config, vocab_file, lower, task)
         out_dir = os.path.join(stage, "predictions")
         dev = evaluate_and_write(runner, task, params, data, task.dev_splits, out_dir)
         evaluate_and_write(runner, task, params, data, test_splits, out_dir, with_labels=False)

@@ -81,7 +81,7 @@ def sweep(config, workdir: str) -> dict:
         "num_train_epochs": config.num_train_epochs,
     }
     with T.staged_outputs(workdir) as stage:  # all or nothing, the tables last
-        T.save(stage, best_params, bert_config, vocab_file, lower)
+        T.save(stage, best_params, bert_config, vocab_file, lower, task)
         out_dir = os.path.join(stage, "predictions")
         T.evaluate_and_write(runner, task, best_params, data, task.dev_splits, out_dir)
         T.evaluate_and_write(

@@ -49,6 +49,14 @@ class FinetuneInputError(ValueError):
 class Task:
     """Base of the task classes: a split is there when its standard file is."""
 
+    label_list: Sequence[str] | None = None  # class names by id (classification, tagging)
+
+    def record(self) -> dict:
+        """What a fine-tuned checkpoint records of its task (``bertjax.training.checkpoint``):
+        HF export reads the model class, ``id2label`` and ``problem_type`` from it."""
+        labels = None if self.label_list is None else list(self.label_list)
+        return {"name": self.name, "head": self.head, "labels": labels}
+
     def split_path(self, data_dir: str, split: str) -> str:
         raise NotImplementedError
 
