@@ -19,8 +19,10 @@ The modules at the top level are the commands users type (``python -m bertjax.<n
 ``bertjax-<name>`` console scripts): ``main`` (pretraining), ``finetune``
 (``finetune/__main__.py``), ``compile``, ``convert``, ``extract_features``, ``tokenize``,
 ``vocab``, ``create_pretraining_data``, ``data_stats``: flags and messages only, and no other
-module imports them; ``cli`` is what they share. ``startup`` sits below every stage.
-``tests/layering_test.py`` walks every import and checks this order.
+module imports them; ``cli`` is what they share. Below every stage, so that any may import
+them, sit ``startup`` and ``atomic`` (the one way an output file or directory is written, local
+or ``gs://``; it imports only ``etils.epath``). ``tests/layering_test.py`` walks every import
+and checks this order.
 
 Importing bertjax sets two environment defaults before JAX and TensorFlow load, unless the user
 set them (``bertjax.startup``): JAX_PLATFORMS=cpu on a machine without TPU/GPU device files, and

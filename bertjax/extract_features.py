@@ -17,7 +17,7 @@ popping from the longer side (``B`` on ties), a single sequence to ``max_seq_len
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
 ``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
-last batch is padded. The output file is written under a temporary name and renamed into place.
+last batch is padded. The output file is written atomically (``bertjax.atomic``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ import functools
 import json
 import os
 import re
-import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli
+from bertjax import atomic, cli
 from bertjax.interop import formats
 from bertjax.interop.converted import Converted, ConvertError
 from bertjax.model.config import BertConfig
@@ -173,17 +172,11 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
-    tmp = f"{output_file}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
-                out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
-                for row, feature in enumerate(chunk):
-                    f.write(_json_line(feature, out[row], layers))
-        os.replace(tmp, output_file)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic.writer(output_file, "w") as f:
+        for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
+            out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
+            for row, feature in enumerate(chunk):
+                f.write(_json_line(feature, out[row], layers))
     return len(features)
 
 

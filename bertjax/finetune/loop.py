@@ -33,14 +33,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import jax
 import numpy as np
 
-from bertjax.finetune import inputs, tasks
+from bertjax import atomic
+from bertjax.finetune import inputs
 from bertjax.finetune.step import Runner, build_model, model_input_specs
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint
@@ -128,7 +127,7 @@ def evaluate_and_write(runner, task, params, data, splits, out_dir, with_labels=
 
 
 def write_json(path: str, value) -> None:
-    tasks.write_text_atomically(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+    atomic.write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 def save(workdir, params, bert_config, vocab_file, lower, task) -> str:
@@ -142,25 +141,18 @@ def save(workdir, params, bert_config, vocab_file, lower, task) -> str:
 
 @contextlib.contextmanager
 def staged_outputs(workdir: str):
-    """A temporary directory in ``workdir`` to write the run's outputs into; on success each
-    entry is renamed into ``workdir`` (``eval_results.json`` last), on any failure the whole
-    stage is removed and a write error is one line: nothing partial is left behind."""
-    stage = tempfile.mkdtemp(prefix=".outputs.tmp-", dir=workdir)
+    """A staging directory to write the run's outputs into (``bertjax.atomic.directory``): on
+    success each entry lands in ``workdir``, ``eval_results.json`` last (an old one is removed
+    first); on any failure the stage is removed and a write error is one line: nothing partial
+    is left behind."""
     try:
-        yield stage
-        names = sorted(os.listdir(stage), key=lambda name: name == "eval_results.json")
-        for name in names:
-            target = os.path.join(workdir, name)
-            if os.path.isdir(target):
-                shutil.rmtree(target)
-            os.replace(os.path.join(stage, name), target)
+        with atomic.directory(workdir, last=("eval_results.json",)) as stage:
+            yield stage
     except (OSError, checkpoint.CheckpointError) as e:
         raise checkpoint.CheckpointError(
             f"writing the outputs into {workdir} failed ({type(e).__name__}: {e}); "
             "nothing was written"
         ) from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def train_and_evaluate(config, workdir: str) -> dict:

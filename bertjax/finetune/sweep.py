@@ -12,7 +12,8 @@ import os
 
 import jax
 
-from bertjax.finetune import inputs, tasks
+from bertjax import atomic
+from bertjax.finetune import inputs
 from bertjax.finetune import loop as T
 from bertjax.finetune import step as step_lib
 
@@ -88,7 +89,7 @@ def sweep(config, workdir: str) -> dict:
             runner, task, best_params, data, test_splits, out_dir, with_labels=False
         )
         T.write_json(os.path.join(stage, "sweep_results.json"), result)
-        tasks.write_text_atomically(
+        atomic.write_text(
             os.path.join(stage, "sweep_results.md"), _table(rows, task.primary_metric, best)
         )
     return result

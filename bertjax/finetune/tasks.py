@@ -196,11 +196,3 @@ def _with_source(task, config):
 def format_skips(skipped: dict[str, int]) -> str:
     counts = collections.Counter(skipped)
     return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "none"
-
-
-def write_text_atomically(path: str, text: str) -> None:
-    """Writes under a temporary name and renames, so readers never see half a file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from etils import epath
+
 from bertjax.interop import hf, native, tf1
 from bertjax.interop.converted import Converted, ConvertError
 from bertjax.training import checkpoint, workdir
@@ -74,6 +76,6 @@ def convert(src: str, dst: str, to: str, fmt: str | None = None,
     ``overwrite`` (checked before anything is read)."""
     if to not in DESTINATIONS:
         raise ConvertError(f"--to={to!r}: expected 'bertjax' or 'hf'")
-    if os.path.exists(dst) and not overwrite:
+    if epath.Path(dst).exists() and not overwrite:
         raise ConvertError(f"{dst}: already exists (pass --overwrite to replace it)")
     return save(dst, load(src, fmt, do_lower_case), to, overwrite=overwrite)

@@ -25,7 +25,9 @@ Writing picks the class from the params' heads and the ``task`` record: pretrain
 ``label2id``, ``problem_type`` (``single_label_classification`` or ``regression``) and
 ``finetuning_task``. Weights are float32 safetensors; ``config.json`` carries every architecture
 field, with ``vocab.txt`` and ``tokenizer_config.json`` beside it. transformers loads the
-directory with no missing or unexpected keys.
+directory with no missing or unexpected keys. The directory is written atomically
+(``bertjax.atomic.directory``: renamed into place locally; on ``gs://``, ``config.json``, what
+transformers reads first, is removed first and uploaded last).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 
 import numpy as np
+from etils import epath
 from safetensors import SafetensorError
 
+from bertjax import atomic
 from bertjax.interop import mapping
 from bertjax.interop.converted import (
     Converted,
@@ -278,30 +281,16 @@ def write(dst: str, conv: Converted, *, overwrite: bool = False) -> str:
         "model_max_length": cfg.max_position_embeddings,
     }
 
-    def fill(tmp: str) -> None:
-        save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(hf_config, f, indent=2)
-        with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(tok_config, f, indent=2)
-        shutil.copyfile(conv.vocab_file, os.path.join(tmp, "vocab.txt"))
-
-    return _write_atomically(dst, fill, overwrite)
-
-
-def _write_atomically(dst: str, fill, overwrite: bool) -> str:
-    dst = os.path.abspath(dst)
-    if os.path.exists(dst) and not overwrite:
+    dst = dst if atomic.is_object_store(dst) else os.path.abspath(dst)
+    if epath.Path(dst).exists() and not overwrite:
         raise ConvertError(f"{dst}: already exists (pass --overwrite to replace it)")
-    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        os.makedirs(tmp)
-        fill(tmp)
-        if os.path.exists(dst):
-            shutil.rmtree(dst)
-        os.rename(tmp, dst)
+    try:  # config.json last: what transformers reads first (bertjax.atomic.directory)
+        with atomic.directory(dst, last=("config.json",), replace=True) as stage:
+            save_file(tensors, os.path.join(stage, "model.safetensors"), metadata={"format": "pt"})
+            for name, value in (("tokenizer_config.json", tok_config), ("config.json", hf_config)):
+                with open(os.path.join(stage, name), "w", encoding="utf-8") as f:
+                    json.dump(value, f, indent=2)
+            shutil.copyfile(conv.vocab_file, os.path.join(stage, "vocab.txt"))
     except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left at dst
         raise ConvertError(f"writing {dst} failed ({type(e).__name__}: {e})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return dst

@@ -266,7 +266,7 @@ def _rmtree(path: epath.Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- vocab identity and writes
+# ---------------------------------------------------------------- vocab identity
 
 
 def vocab_fingerprint(vocab_file) -> dict:
@@ -296,15 +296,3 @@ def compare_vocab(recorded: dict, recorded_path: str, vocab_file: str, field: st
             "embedding row would belong to another token (set config.allow_vocab_change=True "
             "if the change is deliberate)"
         )
-
-
-def write_text_atomically(path, text: str) -> None:
-    """Writes under a temporary name and renames, so readers never see half a file."""
-    path = epath.Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)  # rename() refuses to overwrite on some filesystems
-    finally:
-        if tmp.exists():
-            tmp.unlink()
