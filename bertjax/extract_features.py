@@ -16,8 +16,8 @@ with ``round(x, 6)`` as the original. A pair is truncated to ``max_seq_length - 
 popping from the longer side (``B`` on ties), a single sequence to ``max_seq_length - 2``.
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
-``bertjax.convert``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
-last batch is padded. The output file is written under a temporary name and renamed into place.
+``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
+last batch is padded. The output file is written atomically (``bertjax.atomic``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ import functools
 import json
 import os
 import re
-import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import cli, convert
+from bertjax import atomic, cli
+from bertjax.interop import formats
+from bertjax.interop.converted import Converted, ConvertError
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
 
@@ -138,7 +139,7 @@ def _json_line(feature: Feature, activations: np.ndarray, layers: list[int]) -> 
     return json.dumps({"linex_index": feature.unique_id, "features": tokens}) + "\n"
 
 
-def _validate(conv: convert.Converted, max_seq_length: int, batch_size: int, vocab_size: int):
+def _validate(conv: Converted, max_seq_length: int, batch_size: int, vocab_size: int):
     if not 3 <= max_seq_length <= conv.config.max_position_embeddings:
         limit = conv.config.max_position_embeddings
         raise ExtractError(f"--max_seq_length={max_seq_length}: expected 3..{limit}")
@@ -162,8 +163,8 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     except RuntimeError:  # TF already initialised its devices in this process: leave them.
         pass
     try:
-        conv = convert.load(checkpoint, do_lower_case=do_lower_case)
-    except convert.ConvertError as e:
+        conv = formats.load(checkpoint, do_lower_case=do_lower_case)
+    except ConvertError as e:
         raise ExtractError(f"--checkpoint: {e}") from None
     casing = conv.do_lower_case if do_lower_case is None else do_lower_case
     tokenizer = WordPieceTokenizer(vocab_file or conv.vocab_file, casing)
@@ -171,17 +172,11 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
-    tmp = f"{output_file}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
-                out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
-                for row, feature in enumerate(chunk):
-                    f.write(_json_line(feature, out[row], layers))
-        os.replace(tmp, output_file)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic.writer(output_file, "w") as f:
+        for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
+            out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
+            for row, feature in enumerate(chunk):
+                f.write(_json_line(feature, out[row], layers))
     return len(features)
 
 

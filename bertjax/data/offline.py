@@ -16,7 +16,7 @@ NotNext segments are drawn from up to ``--random_doc_pool`` documents around the
 *within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
 instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`` input is
 decompressed from its start by each of its units (cheap for files of up to a few hundred MB;
-split larger ones). Shards are written under temporary names and renamed at the end. Prints
+split larger ones). Shards are written atomically at the end (``bertjax.atomic``). Prints
 the ``bertjax.data.stats`` summary when done.
 """
 
@@ -32,6 +32,7 @@ import tempfile
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.data import instances, masking, sources, stats, tfrecords
 from bertjax.data.instances import DataError
 
@@ -174,26 +175,6 @@ def _append(source: str, destination) -> None:
         os.remove(source)
 
 
-def _rename(source: str, destination: str) -> None:
-    if sources.is_local(destination):
-        os.replace(source, destination)
-    else:
-        import tensorflow as tf
-
-        tf.io.gfile.rename(source, destination, overwrite=True)
-
-
-def _remove_if_exists(path: str) -> None:
-    if sources.is_local(path):
-        if os.path.exists(path):
-            os.remove(path)
-        return
-    import tensorflow as tf
-
-    if tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
-
-
 def write_tfrecords(
     data_config,
     paths: list[str],
@@ -211,28 +192,24 @@ def write_tfrecords(
     """
     scratch = tempfile.mkdtemp(prefix="bertjax-pretraining-data-")
     job = Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
-    temporary = [f"{p}.tmp-{os.getpid()}" for p in paths]
-    outputs, total = [], None
+    total = None
     try:
         files = sources.resolve_files(data_config.input_files, "input_files")
         units = sources.work_units(files, unit_bytes)
         if not units:
             raise DataError(f"data.input_files {files}: no documents (empty input)")
         # No more processes than units: each costs a TensorFlow start-up (~3-6 s of CPU).
-        with _workers(job, min(num_workers, len(units))) as run_units:
-            outputs = [sources.open_file(p, "wb") for p in temporary]
+        with (
+            _workers(job, min(num_workers, len(units))) as run_units,
+            contextlib.ExitStack() as out,
+        ):
+            # Each shard lands atomically when every unit is in (bertjax.atomic); after a
+            # failure no half-written shard is left behind.
+            outputs = [out.enter_context(atomic.writer(p, "wb")) for p in paths]
             for unit, stats in zip(units, run_units(units), strict=True):
                 for shard, output in enumerate(outputs):
                     _append(unit_shard_path(scratch, unit.index, shard), output)
                 total = stats if total is None else total.merge(stats)
-        for output in outputs:
-            output.close()
-        for tmp, path in zip(temporary, paths, strict=True):
-            _rename(tmp, path)
-    finally:  # after a failure: no half-written shard is left behind
-        for output in outputs:  # empty when the failure came before the outputs were opened
-            output.close()
-        for tmp in temporary:
-            _remove_if_exists(tmp)
+    finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return total.summary()

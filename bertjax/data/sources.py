@@ -4,8 +4,8 @@ text/TFDS corpora, and pre-generated TFRecords in the original BERT format. No J
 Instance table: the unmasked rows of ``instances.generate_instances`` (``<int32>[N, L+4]``)
 in one raw file under ``data.cache_dir`` (default ``$TMPDIR/bertjax_data_cache``), named by a
 fingerprint of everything that determines it (input files with sizes and mtimes, vocab, tokenizer
-settings, pairing settings, seed, split). It is written to a temporary name and renamed, with a
-``.json`` sidecar (row count and statistics) renamed last, so a killed build is never taken as
+settings, pairing settings, seed, split). It is written atomically (``bertjax.atomic``), with a
+``.json`` sidecar (row count and statistics) written last, so a killed build is never taken as
 valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not grow with it.
 """
 
@@ -23,6 +23,7 @@ import zlib
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.data import instances
 from bertjax.data.instances import DataError
 
@@ -188,18 +189,10 @@ def _summarise(block: np.ndarray, length: int, unk_id: int, stats: dict) -> None
 def write_table(blocks, path: str, length: int, unk_id: int) -> dict:
     """Streams instance blocks to ``path`` atomically; returns the statistics written beside it."""
     stats = dict(instances=0, tokens=0, not_next=0, truncated=0, unk=0)
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".building-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for block in blocks:
-                f.write(np.ascontiguousarray(block, dtype=np.int32).tobytes())
-                _summarise(block, length, unk_id, stats)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic.writer(path, "wb") as f:
+        for block in blocks:
+            f.write(np.ascontiguousarray(block, dtype=np.int32).tobytes())
+            _summarise(block, length, unk_id, stats)
     return stats
 
 
@@ -215,10 +208,7 @@ def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTabl
         blocks = instances.generate_instances(documents, seed, options, source)
         stats = write_table(blocks, base + ".rows", data_config.max_seq_length, tokenizer.unk_id)
         stats["source"] = source
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".building-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(stats, f)
-        os.replace(tmp, base + ".json")
+        atomic.write_text(base + ".json", json.dumps(stats))
     with open(base + ".json") as f:
         meta = json.load(f)
     num_rows = os.path.getsize(base + ".rows") // (4 * row_length)

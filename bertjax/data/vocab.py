@@ -9,20 +9,20 @@ words are rare), then the learned pieces by frequency.
 
 SentencePiece: a unigram model with ``[PAD]`` (id 0) as the pad piece, ``[UNK]`` (id 1) as the
 unknown piece and ``[CLS] [SEP] [MASK]`` (ids 2-4) as control symbols; the output is the
-``.model`` file. Inputs may be gzip'd (``*.gz``). Outputs are written to a temporary name and
-renamed, so a failed run leaves nothing behind.
+``.model`` file. Inputs may be gzip'd (``*.gz``). Outputs are written atomically
+(``bertjax.atomic``, local or ``gs://``), so a failed run leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import collections
 import io
-import uuid
 from collections.abc import Iterator
 
 import tensorflow as tf
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
 
+from bertjax import atomic
 from bertjax.data import tokenization
 
 _BATCH_LINES = 4096
@@ -107,16 +107,9 @@ def build_wordpiece_vocab(
     return vocab[:vocab_size]
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with tf.io.gfile.GFile(tmp, "wb") as f:
-        f.write(data)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
 def write_vocab(vocab: list[str], path: str) -> None:
     """One token per line, UTF-8, written atomically."""
-    _atomic_write(path, ("\n".join(vocab) + "\n").encode("utf-8"))
+    atomic.write_bytes(path, ("\n".join(vocab) + "\n").encode("utf-8"))
 
 
 def _sentences(files: list[str]) -> Iterator[str]:
@@ -158,4 +151,4 @@ def train_sentencepiece(
         )
     except RuntimeError as e:
         raise VocabError(f"sentencepiece training on {','.join(files)}: {e}") from None
-    _atomic_write(output_file, model.getvalue())
+    atomic.write_bytes(output_file, model.getvalue())

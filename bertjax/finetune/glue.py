@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.finetune import glue_tfds
 from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
@@ -29,7 +30,6 @@ from bertjax.finetune.tasks import (
     read_tsv,
     stack,
     truncate_pair,
-    write_text_atomically,
 )
 
 _NLI3 = ("contradiction", "entailment", "neutral")
@@ -250,5 +250,5 @@ class GlueTask(Task):
                 for e, p in zip(examples, predicted, strict=True)
             ]
         path = os.path.join(out_dir, name)
-        write_text_atomically(path, "\n".join(lines) + "\n")
+        atomic.write_text(path, "\n".join(lines) + "\n")
         return [path]

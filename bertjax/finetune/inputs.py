@@ -1,6 +1,6 @@
 """What the fine-tuning loop feeds the step: the checkpoint, the task's features, the batches.
 
-``prepare`` reads the pretrained checkpoint (any format ``bertjax.convert`` reads) and builds the
+``prepare`` reads the pretrained checkpoint (any format ``bertjax.interop`` reads) and builds the
 task and its tokenizer; ``Data`` reads and featurizes each split once; ``init_params`` adds fresh
 heads to the pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch.
 The feature arrays' layout is ``bertjax.finetune.tasks``' docstring.
@@ -14,10 +14,10 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from bertjax import convert
 from bertjax.finetune import tasks
 from bertjax.finetune.objective import model_input_specs
 from bertjax.finetune.tasks import FinetuneInputError
+from bertjax.interop import formats
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import stack_layers
 from bertjax.training import checkpoint
@@ -46,7 +46,7 @@ def load_checkpoint(config) -> tuple[dict, BertConfig, str, bool]:
     if not config.init_checkpoint:
         raise FinetuneInputError("config.init_checkpoint: expected a bertjax, HF or TF1 checkpoint")
     lower = None if config.do_lower_case == "auto" else config.do_lower_case == "true"
-    conv = convert.load(config.init_checkpoint, do_lower_case=lower)
+    conv = formats.load(config.init_checkpoint, do_lower_case=lower)
     if config.model.hidden_size and config.model.hidden_size != conv.config.hidden_size:
         raise FinetuneInputError(
             f"{config.init_checkpoint}: checkpoint hidden size {conv.config.hidden_size} != "

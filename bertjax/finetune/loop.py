@@ -43,15 +43,13 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 
 import jax
 import ml_collections
 import numpy as np
 
-from bertjax.finetune import inputs, tasks
-from bertjax.finetune import objective as objective_lib
+from bertjax import atomic
+from bertjax.finetune import inputs
 from bertjax.finetune.objective import Predictor, build_model, model_input_specs, objective_for
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint, compiled, metrics, optimizer
@@ -123,7 +121,7 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     opt_config.learning_rate = float(learning_rate)
     opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
     example = train_features.arrays
-    objective = objective_lib.objective_for(task, model, example)
+    objective = objective_for(task, model, example)
     train_batch = {
         k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
         for k, v in example.items()
@@ -212,36 +210,32 @@ def evaluate_and_write(predictor, task, params, data, splits, out_dir, with_labe
 
 
 def write_json(path: str, value) -> None:
-    tasks.write_text_atomically(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+    atomic.write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
-def save(workdir, params, bert_config, vocab_file, lower) -> str:
+def save(workdir, params, bert_config, vocab_file, lower, task) -> str:
     path = os.path.join(workdir, "checkpoint")
-    checkpoint.save_params(path, params, bert_config, vocab_file, lower, overwrite=True)
+    record = task.record()  # the task's head and labels: what HF export needs
+    checkpoint.save_params(
+        path, params, bert_config, vocab_file, lower, task=record, overwrite=True
+    )
     return path
 
 
 @contextlib.contextmanager
 def staged_outputs(workdir: str):
-    """A temporary directory in ``workdir`` to write the run's outputs into; on success each
-    entry is renamed into ``workdir`` (``eval_results.json`` last), on any failure the whole
-    stage is removed and a write error is one line: nothing partial is left behind."""
-    stage = tempfile.mkdtemp(prefix=".outputs.tmp-", dir=workdir)
+    """A staging directory to write the run's outputs into (``bertjax.atomic.directory``): on
+    success each entry lands in ``workdir``, ``eval_results.json`` last (an old one is removed
+    first); on any failure the stage is removed and a write error is one line: nothing partial
+    is left behind."""
     try:
-        yield stage
-        names = sorted(os.listdir(stage), key=lambda name: name == "eval_results.json")
-        for name in names:
-            target = os.path.join(workdir, name)
-            if os.path.isdir(target):
-                shutil.rmtree(target)
-            os.replace(os.path.join(stage, name), target)
+        with atomic.directory(workdir, last=("eval_results.json",)) as stage:
+            yield stage
     except (OSError, checkpoint.CheckpointError) as e:
         raise checkpoint.CheckpointError(
             f"writing the outputs into {workdir} failed ({type(e).__name__}: {e}); "
             "nothing was written"
         ) from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -270,7 +264,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         config.eval_batch_size,
     )
     with staged_outputs(workdir) as stage:  # checkpoint, predictions, then eval_results.json
-        save(stage, fitted.params, bert_config, vocab_file, lower)
+        save(stage, fitted.params, bert_config, vocab_file, lower, task)
         out_dir = os.path.join(stage, "predictions")
         dev = evaluate_and_write(predictor, task, fitted.params, data, task.dev_splits, out_dir)
         evaluate_and_write(

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
     Features,
@@ -30,7 +31,6 @@ from bertjax.finetune.tasks import (
     pack,
     read_text,
     stack,
-    write_text_atomically,
 )
 
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -153,5 +153,5 @@ class NerTask(Task):
             ]
             lines.append("")
         path = os.path.join(out_dir, f"{split}_predictions.txt")
-        write_text_atomically(path, "\n".join(lines) + "\n")
+        atomic.write_text(path, "\n".join(lines) + "\n")
         return [path]

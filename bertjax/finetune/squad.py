@@ -33,6 +33,7 @@ import os
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.finetune import metrics as M
 from bertjax.finetune import squad_decode
 from bertjax.finetune.tasks import (
@@ -42,7 +43,6 @@ from bertjax.finetune.tasks import (
     count,
     read_text,
     stack,
-    write_text_atomically,
 )
 
 TASKS = {"squad_v1": "v1.1", "squad_v2": "v2.0"}
@@ -222,7 +222,7 @@ class SquadTask(Task):
             outputs.append(("predictions_best_thresh.json", again))
         for name, value in outputs:
             paths.append(os.path.join(out_dir, prefix + name))
-            write_text_atomically(paths[-1], json.dumps(value, indent=2) + "\n")
+            atomic.write_text(paths[-1], json.dumps(value, indent=2) + "\n")
         return paths
 
 

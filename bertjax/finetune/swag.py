@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from bertjax import atomic
 from bertjax.finetune import metrics as M
 from bertjax.finetune.tasks import (
     Features,
@@ -24,7 +25,6 @@ from bertjax.finetune.tasks import (
     pack,
     read_text,
     truncate_pair,
-    write_text_atomically,
 )
 
 TASKS = {"swag": 4}
@@ -126,5 +126,5 @@ class SwagTask(Task):
             for e, p in zip(examples, predicted, strict=True)
         ]
         path = os.path.join(out_dir, f"{split}_predictions.csv")
-        write_text_atomically(path, "\n".join(lines) + "\n")
+        atomic.write_text(path, "\n".join(lines) + "\n")
         return [path]

@@ -14,7 +14,8 @@ import os
 
 import jax
 
-from bertjax.finetune import inputs, tasks
+from bertjax import atomic
+from bertjax.finetune import inputs
 from bertjax.finetune import loop as T
 from bertjax.finetune import objective as objective_lib
 
@@ -82,14 +83,14 @@ def sweep(config, workdir: str) -> dict:
         "num_train_epochs": config.num_train_epochs,
     }
     with T.staged_outputs(workdir) as stage:  # all or nothing, the tables last
-        T.save(stage, best_params, bert_config, vocab_file, lower)
+        T.save(stage, best_params, bert_config, vocab_file, lower, task)
         out_dir = os.path.join(stage, "predictions")
         T.evaluate_and_write(predictor, task, best_params, data, task.dev_splits, out_dir)
         T.evaluate_and_write(
             predictor, task, best_params, data, test_splits, out_dir, with_labels=False
         )
         T.write_json(os.path.join(stage, "sweep_results.json"), result)
-        tasks.write_text_atomically(
+        atomic.write_text(
             os.path.join(stage, "sweep_results.md"), _table(rows, task.primary_metric, best)
         )
     return result

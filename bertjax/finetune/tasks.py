@@ -49,6 +49,14 @@ class FinetuneInputError(ValueError):
 class Task:
     """Base of the task classes: a split is there when its standard file is."""
 
+    label_list: Sequence[str] | None = None  # class names by id (classification, tagging)
+
+    def record(self) -> dict:
+        """What a fine-tuned checkpoint records of its task (``bertjax.training.checkpoint``):
+        HF export reads the model class, ``id2label`` and ``problem_type`` from it."""
+        labels = None if self.label_list is None else list(self.label_list)
+        return {"name": self.name, "head": self.head, "labels": labels}
+
     def split_path(self, data_dir: str, split: str) -> str:
         raise NotImplementedError
 
@@ -188,11 +196,3 @@ def _with_source(task, config):
 def format_skips(skipped: dict[str, int]) -> str:
     counts = collections.Counter(skipped)
     return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "none"
-
-
-def write_text_atomically(path: str, text: str) -> None:
-    """Writes under a temporary name and renames, so readers never see half a file."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

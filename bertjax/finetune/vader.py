@@ -15,7 +15,8 @@ import os
 
 from absl import app, flags
 
-from bertjax.finetune.tasks import FinetuneInputError, write_text_atomically
+from bertjax import atomic
+from bertjax.finetune.tasks import FinetuneInputError
 
 
 def lexicon_path() -> str:
@@ -61,7 +62,7 @@ def write_sst2(
     os.makedirs(out_dir, exist_ok=True)
     for name, rows in (("train", train), ("dev", dev)):
         text = "sentence\tlabel\n" + "".join(f"{w}\t{label}\n" for w, label in rows)
-        write_text_atomically(os.path.join(out_dir, f"{name}.tsv"), text)
+        atomic.write_text(os.path.join(out_dir, f"{name}.tsv"), text)
     return {
         "train": len(train),
         "dev": len(dev),

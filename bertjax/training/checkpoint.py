@@ -9,7 +9,8 @@ that is verified before it is trusted:
    ``convert`` read, through :func:`load_params`)::
 
        DIR/bertjax_checkpoint.json   {"format_version": 2, "do_lower_case": bool, "heads": [...],
-                                      "vocab": {"entries": N, "sha256": "..."}}
+                                      "vocab": {"entries": N, "sha256": "..."},
+                                      "task": {"name", "head", "labels"}  (fine-tuned only)}
        DIR/bert_config.json          BertConfig.to_json()  (the architecture, activation included)
        DIR/vocab.txt                 the vocab the embedding rows refer to
        DIR/params/                   orbax PyTree checkpoint of the params dict, numpy leaves,
@@ -17,6 +18,10 @@ that is verified before it is trusted:
        DIR/bertjax_manifest.json     every file above, verified by load_params
 
    ``heads`` lists the top-level subtrees besides ``encoder`` (e.g. ``["pooler", "mlm", "nsp"]``).
+   ``task`` (written by fine-tuning) says what a task head means: the task's ``name`` (e.g.
+   ``"mrpc"``; null when unknown), its ``head`` (``bertjax.finetune.tasks.HEADS``) and its
+   ``labels`` (class names by id for classification and tagging, else null); HF export
+   (``bertjax.interop.hf``) needs it to pick the model class and write ``id2label``.
    The directory is written under a temporary name, sealed and renamed into place, so a crash
    never leaves a half-written checkpoint at the destination. Format 1 (no manifest, no vocab
    fingerprint) is still read, unverified, with a notice.
@@ -93,9 +98,11 @@ def save_params(
     vocab_file: str,
     do_lower_case: bool,
     *,
+    task: dict | None = None,
     overwrite: bool = False,
 ) -> epath.Path:
-    """Writes a params-only checkpoint atomically. ``params`` may be scanned or unscanned."""
+    """Writes a params-only checkpoint atomically. ``params`` may be scanned or unscanned;
+    ``task`` is the fine-tuned model's task record (module docstring), None for pretrained."""
     dst = epath.Path(path)
     if dst.exists() and not overwrite:
         raise CheckpointError(
@@ -119,6 +126,7 @@ def save_params(
                     "do_lower_case": bool(do_lower_case),
                     "heads": sorted(k for k in params if k != "encoder"),
                     "vocab": vocab_fingerprint(vocab_file),
+                    **({"task": task} if task is not None else {}),
                 },
                 indent=2,
             )
@@ -227,7 +235,23 @@ def read_meta(path: epath.Path) -> dict:
         and isinstance(vocab.get("sha256"), str)
     ):
         raise CheckpointError(f"{path}: vocab={vocab!r:.60}, expected its entries and sha256")
+    if "task" in meta and not _is_task_record(meta["task"]):
+        raise CheckpointError(
+            f'{path}: task={meta["task"]!r:.80}, expected {{"name": string or null, '
+            '"head": string, "labels": list of strings or null}'
+        )
     return meta
+
+
+def _is_task_record(task) -> bool:
+    labels = task.get("labels") if isinstance(task, dict) else None
+    return (
+        isinstance(task, dict)
+        and set(task) == {"name", "head", "labels"}
+        and isinstance(task["name"], str | None)
+        and isinstance(task["head"], str)
+        and (labels is None or isinstance(labels, list) and all(isinstance(x, str) for x in labels))
+    )
 
 
 def read_bert_config(path: epath.Path) -> BertConfig:
@@ -246,7 +270,7 @@ def _rmtree(path: epath.Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-# ---------------------------------------------------------------- vocab identity and writes
+# ---------------------------------------------------------------- vocab identity
 
 
 def vocab_fingerprint(vocab_file) -> dict:
@@ -276,15 +300,3 @@ def compare_vocab(recorded: dict, recorded_path: str, vocab_file: str, field: st
             "embedding row would belong to another token (set config.allow_vocab_change=True "
             "if the change is deliberate)"
         )
-
-
-def write_text_atomically(path, text: str) -> None:
-    """Writes under a temporary name and renames, so readers never see half a file."""
-    path = epath.Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.write_text(text)
-        tmp.replace(path)  # rename() refuses to overwrite on some filesystems
-    finally:
-        if tmp.exists():
-            tmp.unlink()

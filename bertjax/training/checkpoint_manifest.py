@@ -10,9 +10,9 @@ it::
 keeps for every object, and over a 1 GiB file read in 4 MiB chunks on a 2-core Xeon 4.6-5.1 GB/s
 against zlib.crc32's 2.5-2.9 GB/s from the page cache; both near the disk's speed cold; see
 docs/benchmarks.md) or ``crc32`` (zlib, always there). Values are 8 lowercase hex digits. The
-manifest is written atomically (temporary name + rename locally; one object write on GCS) and
-last, so it is bertjax's own commit marker: a step without one is an incomplete save, whatever
-orbax left.
+manifest is written atomically (``bertjax.atomic``: temporary name + rename locally; one object
+write on GCS) and last, so it is bertjax's own commit marker: a step without one is an
+incomplete save, whatever orbax left.
 
 **What verifies.** Every listed file exists with the listed size and checksum, and no other file
 is present: an unlisted file is not inert, since orbax finds some files by listing directories
@@ -46,17 +46,17 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
-import os
 import posixpath
 import queue
 import re
 import threading
-import uuid
 import zlib
 from collections.abc import Callable
 
 import orbax.checkpoint as ocp
 from etils import epath
+
+from bertjax import atomic
 
 MANIFEST_FILE = "bertjax_manifest.json"
 FORMAT_VERSION = 1
@@ -210,12 +210,7 @@ def write_manifest(step_dir, *, overwrite: bool = False) -> epath.Path:
         files.append({"path": path, "size": result[0], "checksum": result[1]})
     head = json.dumps({"format_version": FORMAT_VERSION, "checksum": algorithm})[:-1]
     text = head + ', "files": [\n' + ",\n".join(map(json.dumps, files)) + "\n]}\n"
-    if str(step_dir).startswith("gs://"):
-        target.write_text(text)  # one object write: readers see all of it or nothing
-    else:
-        tmp = step_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex[:8]}"
-        tmp.write_text(text)
-        os.replace(tmp, target)
+    atomic.write_text(target, text)  # its temporary is named _TMP_PREFIX..., never listed
     return target
 
 

@@ -5,11 +5,12 @@ read, so that of two writers racing from the same version exactly one wins:
 
 * :class:`LocalStore` (local paths): every change holds an exclusive ``fcntl.flock`` on the
   sidecar ``WORKDIR/.bertjax_lease.lock`` (never removed: removing a lock file races with its next
-  user), compares the current bytes with the expected ones, and publishes new bytes by writing a
-  temporary file and ``os.replace``-ing it, so readers (who take no lock) never see a partial
-  record; an ``O_EXCL`` create would show an empty file until its write. The version is the bytes
-  themselves (they hold the owner token and a renewal time). Needs a filesystem whose ``flock``
-  excludes across processes: any local disk; NFS emulates it with byte-range locks.
+  user), compares the current bytes with the expected ones, and publishes new bytes with
+  ``bertjax.atomic`` (a temporary file, fsync-ed and ``os.replace``-d), so readers (who take no
+  lock) never see a partial record; an ``O_EXCL`` create would show an empty file until its
+  write. The version is the bytes themselves (they hold the owner token and a renewal time).
+  Needs a filesystem whose ``flock`` excludes across processes: any local disk; NFS emulates it
+  with byte-range locks.
 * :class:`GcsStore` (``gs://``): GCS object-generation preconditions on one object, whose reads
   are strongly consistent after writes: create with ``if_generation_match=0`` (only if no live
   object), replace and delete with ``if_generation_match=<generation read>``; GCS answers 412
@@ -25,8 +26,9 @@ import dataclasses
 import fcntl
 import os
 import pathlib
-import secrets
 from typing import Protocol
+
+from bertjax import atomic
 
 LEASE_FILE = "bertjax_lease.json"
 LOCK_FILE = ".bertjax_lease.lock"
@@ -128,15 +130,7 @@ class LocalStore:
             os.close(fd)  # closing drops the flock
 
     def _publish(self, data: bytes) -> None:
-        tmp = self.path.with_name(f".{LEASE_FILE}.tmp-{secrets.token_hex(4)}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic.write_bytes(self.path, data)  # fsync-ed, then renamed over the record
 
 
 def gcs_errors() -> tuple[type[Exception], type[Exception]]:

@@ -35,6 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from bertjax import atomic
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import unstack_layers
 from bertjax.training import checkpoint_manifest as manifest
@@ -46,7 +47,6 @@ from bertjax.training.checkpoint import (
     read_bert_config,
     read_meta,
     vocab_fingerprint,
-    write_text_atomically,
 )
 
 META_FILE = "bertjax_workdir.json"
@@ -100,10 +100,10 @@ def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, con
         "do_lower_case": bool(do_lower_case),
         "vocab": vocab_fingerprint(vocab_file),
     }
-    write_text_atomically(root / VOCAB_FILE, epath.Path(vocab_file).read_text())
-    write_text_atomically(root / CONFIG_FILE, bert_config.portable().to_json())
-    write_text_atomically(root / "config.json", config_json)
-    write_text_atomically(root / META_FILE, json.dumps(meta, indent=2))
+    atomic.write_text(root / VOCAB_FILE, epath.Path(vocab_file).read_text())
+    atomic.write_text(root / CONFIG_FILE, bert_config.portable().to_json())
+    atomic.write_text(root / "config.json", config_json)
+    atomic.write_text(root / META_FILE, json.dumps(meta, indent=2))
 
 
 def _composite(state=None, rng=None, meta=None, restore: bool = False):

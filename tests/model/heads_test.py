@@ -1,6 +1,6 @@
 """Heads against references: HF ``BertForPreTraining`` (PyTorch) logits and parameter counts, and a
 direct numpy transcription of the MLM head (gather -> dense -> GELU -> LayerNorm -> tied decoder).
-The BERT-base-size parity is in convert_test.py.
+The BERT-base-size parity is in tests/interop/hf_test.py.
 """
 
 import jax
@@ -11,7 +11,7 @@ import torch
 import transformers
 from flax import linen as nn
 
-from bertjax import convert
+from bertjax.interop import formats
 from bertjax.model.config import BertConfig, config_for_size
 from bertjax.model.encoder import count_params
 from bertjax.model.heads import BertForPreTraining, BertModel, MaskedLMHead
@@ -46,7 +46,7 @@ def pretraining_inputs():
 @pytest.mark.parametrize("hidden_act", ["gelu", "relu"])
 def test_pretraining_logits_match_hf(tmp_path, hidden_act, gather_last_layer):
     hf_model = hf_pretraining_dir(tmp_path, hidden_act)
-    conv = convert.load(str(tmp_path), do_lower_case=True)
+    conv = formats.load(str(tmp_path), do_lower_case=True)
     config = conv.config.replace(gather_last_layer=gather_last_layer)
     ids, segments, mask, positions = pretraining_inputs()
     with torch.no_grad():

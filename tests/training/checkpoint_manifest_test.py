@@ -390,7 +390,8 @@ def _gcs_on_disk(root, monkeypatch):
             yield "gs://" + os.path.relpath(directory, root), dirs, files
 
     names = ("open", "exists", "isdir", "listdir", "makedirs", "mkdir", "remove", "rmtree", "stat")
-    return testing.mock_epath(walk=walk, rename=two, replace=two, **dict.fromkeys(names, one))
+    return testing.mock_epath(walk=walk, rename=two, replace=two, copy=two,  # copy: uploads
+                              **dict.fromkeys(names, one))  # fmt: skip
 
 
 def test_gs_paths_go_through_epath(tmp_path, monkeypatch):

@@ -51,3 +51,22 @@ def test_vocab_comparison_names_both_files_and_what_differs(tmp_path):
     assert str(error.value).startswith(f"config.data.vocab_file={other} has 1000 entries but ")
     assert "CKPT/vocab.txt" in str(error.value) and "sizes differ" in str(error.value)
     checkpoint.compare_vocab(recorded, "CKPT/vocab.txt", bundled.VOCAB, "x")  # the same: fine
+
+
+@pytest.mark.parametrize("task,error", [
+    ({"name": "mrpc", "head": "classification", "labels": ["0", "1"]}, None),
+    ({"name": None, "head": "span", "labels": None}, None),
+    ({"name": "mrpc", "head": "classification", "labels": [0, 1]}, "task="),
+    ({"name": "mrpc", "head": "classification"}, "task="),
+    ("mrpc", "task="),
+])  # fmt: skip
+def test_task_record_is_kept_or_rejected_in_one_line(tmp_path, task, error):
+    """A fine-tuned checkpoint's task record (what HF export reads) round-trips; a malformed one
+    is one line naming the metadata file when read."""
+    path = checkpoint.save_params(tmp_path / "ckpt", _params(), CONFIG, bundled.VOCAB, True,
+                                  task=task)  # fmt: skip
+    if error is None:
+        assert checkpoint.load_params(path)[2]["task"] == task
+        return
+    with pytest.raises(checkpoint.CheckpointError, match=f"{checkpoint.META_FILE}: {error}"):
+        checkpoint.load_params(path)

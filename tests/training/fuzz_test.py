@@ -1,9 +1,9 @@
 """Fuzz tests of the checkpoint metadata readers: ``bertjax_checkpoint.json`` and
 ``bert_config.json`` of a params-only checkpoint (``checkpoint.load_params``), a training
-workdir's ``bertjax_workdir.json`` (``workdir.latest_params``),
-``BertConfig.from_dict``, and a HuggingFace ``config.json`` (``convert.read_hf``). Each read gives
-data or a one-line error naming the file (tests/fuzzing.py). The manifest reader has its own
-fuzz tests in checkpoint_manifest_test.py.
+workdir's ``bertjax_workdir.json`` (``workdir.latest_params``), ``BertConfig.from_dict``, and a
+HuggingFace ``config.json`` (``bertjax.interop.hf.read``). Each read gives data or a one-line
+error naming the file (tests/fuzzing.py). The manifest reader has its own fuzz tests in
+checkpoint_manifest_test.py.
 """
 
 import json
@@ -14,8 +14,9 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 
-from bertjax import convert
 from bertjax.data import bundled
+from bertjax.interop import hf
+from bertjax.interop.converted import ConvertError
 from bertjax.model.config import BertConfig
 from bertjax.training import checkpoint, checkpoint_manifest
 from bertjax.training import workdir as workdir_lib
@@ -161,14 +162,14 @@ def test_hf_config_json(tmp_path, record_property):
 
     def check(contents):
         (tmp_path / "config.json").write_bytes(contents)
-        with pytest.raises(convert.ConvertError) as error:
-            convert.read_hf(str(tmp_path))
+        with pytest.raises(ConvertError) as error:
+            hf.read(str(tmp_path))
         if "no model.safetensors" not in str(error.value):
             check_one_line(error.value, tmp_path / "config.json")
 
     fuzz(
         record_property,
-        "HF config.json (convert.read_hf)",
+        "HF config.json (interop.hf.read)",
         json_files(HF_CONFIG),
         check,
         max_examples=200,
@@ -208,8 +209,8 @@ def test_checkpoint_regressions(tiny_checkpoint, tmp_path, name, document, scan_
 )
 def test_hf_config_regressions(tmp_path, changes, message):
     (tmp_path / "config.json").write_text(json.dumps({**HF_CONFIG, **changes}))
-    with pytest.raises(convert.ConvertError, match=re.escape(message)) as error:
-        convert.read_hf(str(tmp_path))
+    with pytest.raises(ConvertError, match=re.escape(message)) as error:
+        hf.read(str(tmp_path))
     check_one_line(error.value, tmp_path / "config.json")
 
 

