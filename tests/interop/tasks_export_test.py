@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax.finetune import inputs, loop, ner, step, tasks
+from bertjax.finetune import inputs, loop, ner, objective, tasks
 from bertjax.interop import formats, hf
 from bertjax.interop.converted import ConvertError
 from bertjax.model.config import BertConfig
@@ -45,12 +45,12 @@ def model_inputs(task) -> dict[str, np.ndarray]:
     ids, segments, mask = batch(7, batch=2 * choices, length=16)
     shape = (2, choices, 16) if task.head == "choice" else (2, 16)
     return {k: v.reshape(shape) for k, v in
-            zip(step.MODEL_INPUTS, (ids, segments, mask), strict=True)}  # fmt: skip
+            zip(objective.MODEL_INPUTS, (ids, segments, mask), strict=True)}  # fmt: skip
 
 
 def fine_tuned(task, directory) -> tuple[dict, str]:
     """(params, the checkpoint path) of a random fine-tuned model written by the loop's save."""
-    model = step.build_model(task, CONFIG)
+    model = objective.build_model(task, CONFIG)
     params = inputs.init_params(model, {}, model_inputs(task), jax.random.key(0))
     rng = np.random.default_rng(1)
     noisy = lambda x: (np.asarray(x) + rng.normal(0, 0.2, np.shape(x))).astype(np.float32)
@@ -61,7 +61,7 @@ def fine_tuned(task, directory) -> tuple[dict, str]:
 def hf_logits(model, task, features) -> np.ndarray:
     """transformers' logits in bertjax's layout (QA: start and end stacked last)."""
     with torch.no_grad():
-        out = model(**torch_inputs(*(features[k] for k in step.MODEL_INPUTS)))
+        out = model(**torch_inputs(*(features[k] for k in objective.MODEL_INPUTS)))
     if task.head == "span":
         return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], axis=-1)
     return out.logits.numpy()
@@ -78,9 +78,9 @@ def test_fine_tuned_checkpoint_exports_to_its_hf_class(name, tmp_path):
     assert reference.config.id2label == id2label and reference.config.finetuning_task == name
 
     features = model_inputs(task)
-    model = step.build_model(task, CONFIG)
-    ours = np.asarray(jax.jit(model.apply)({"params": params},
-                                           *(features[k] for k in step.MODEL_INPUTS)))  # fmt: skip
+    model = objective.build_model(task, CONFIG)
+    arrays = [features[k] for k in objective.MODEL_INPUTS]
+    ours = np.asarray(jax.jit(model.apply)({"params": params}, *arrays))
     theirs = hf_logits(reference, task, features)
     assert ours.shape == theirs.shape and np.abs(theirs).max() > 0.1
     diff = float(np.abs(ours - theirs).max())
