@@ -6,8 +6,10 @@
 
 Same flags as Google's ``create_pretraining_data.py`` (``--output_file`` may also be a comma list
 of files, as there) plus ``--num_output_shards`` (``out.tfrecord-00003-of-00008``),
-``--num_workers`` (default: every core) and ``--work_unit_bytes``. How the records are made, in
-parallel with bounded memory and identical for any ``--num_workers``: ``bertjax.data.offline``.
+``--num_workers`` (default: every core) and ``--work_unit_bytes``, and the pairing options
+``--nsp``, ``--random_doc_pool`` and ``--split_single_sentence`` (``bertjax.data.instances``; the
+defaults pair as the original does). How the records are made, in parallel with bounded memory
+and identical for any ``--num_workers``: ``bertjax.data.offline``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
     (flags.DEFINE_float, "short_seq_prob", 0.1, "Probability of a shorter target length."),
     (flags.DEFINE_bool, "nsp", True, "Sentence pairs with NSP labels; False = single segments."),
     (flags.DEFINE_integer, "random_doc_pool", 1000, "Documents to draw NotNext segments from."),
+    (
+        flags.DEFINE_bool,
+        "split_single_sentence",
+        False,
+        "A one-sentence chunk may be IsNext, split in two (50/50 NSP); default: always NotNext.",
+    ),
     (flags.DEFINE_integer, "shuffle_buffer", 20000, "Instances in each unit's shuffle buffer."),
     (flags.DEFINE_integer, "num_workers", os.cpu_count() or 1, "Processes (default: all cores)."),
     (
@@ -74,6 +82,7 @@ def data_config_from_flags(values):
             dupe_factor=values.dupe_factor,
             nsp=values.nsp,
             random_doc_pool=values.random_doc_pool,
+            split_single_sentence=values.split_single_sentence,
             objective="mlm",
             masking="static",
         )

@@ -75,6 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.nsp = True  # False = the No-NSP ablation (single segments, label unused)
     config.data.objective = "mlm"  # mlm | ltr (left-to-right ablation: needs nsp=False, P = L)
     config.data.random_doc_pool = 1000  # documents around the current one to draw NotNext B from
+    # A one-sentence chunk: False = always NotNext, as the original (IsNext 43.4% on the bundled
+    # corpus at L=128); True = a coin flip, IsNext splitting the sentence in two (paper: 50/50).
+    config.data.split_single_sentence = False
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 

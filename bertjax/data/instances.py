@@ -5,24 +5,47 @@ Reading: sentences (one per line, blank line between documents; or a TFDS text f
 sentences) are tokenized in large batches by the tf-text tokenizer inside ``tf.data``; documents
 are then assembled in numpy (flat ids + sentence lengths), each tokenized exactly once.
 
-Pairing, per document, with ``random.Random`` seeded by ``(seed, dupe, document index)``:
+Pairing, per document, with ``random.Random`` seeded by ``(seed, dupe, document index)``, by the
+original's rules:
 
 * one target length per document: ``max_num_tokens`` (``max_seq_length - 3``), or with
   probability ``short_seq_prob`` a uniform ``randint(2, max_num_tokens)``;
-* contiguous sentences are collected until they reach the target; a random split point makes A;
-  B is the rest (IsNext, label 0) or, with probability 0.5 and always when the chunk has only one
-  sentence, sentences from a random start in a *different* document up to the remaining length
-  (NotNext, label 1; the unused sentences go back to the document);
+* contiguous sentences are collected until they reach the target; a random split point makes A
+  (the whole chunk when it has one sentence); B is the rest (IsNext, label 0) or, with
+  probability 0.5 and always when the chunk has only one sentence, sentences from a random start
+  in a *different* document up to the remaining length (NotNext, label 1; the unused sentences go
+  back to the document);
 * the pair is truncated to ``max_num_tokens`` by dropping tokens one at a time from the front or
   back (coin flip) of the longer segment.
 
-The original picks the random document from the whole corpus held in RAM; to stream with bounded
-memory we pick it from a window of ``random_doc_pool`` documents around the current one (the ones
-before and after it in reading order). A share with a single document cannot form NotNext pairs
-and is an error. With ``nsp=False`` (No-NSP and left-to-right ablations) each instance is one
-segment ``[CLS] A [SEP]`` filled from contiguous sentences to the target length
-(``max_seq_length - 2``). A sentence longer than the target becomes a chunk of its own and is
-truncated (counted in ``truncated``).
+Since every one-sentence chunk is NotNext, IsNext falls below half: 43.4% on the bundled corpus
+at ``max_seq_length`` 128 (the original script: 43.6%; ``docs/benchmarks.md``, offline
+TFRecords), about 39% at 64. ``split_single_sentence`` (``data.split_single_sentence``, default
+False) is the paper's 50/50 instead: a one-sentence chunk of 2 or more tokens gets the coin flip
+too, and on IsNext the sentence is split at a random token into A and its actual continuation B.
+On the bundled corpus at 128 that gives 50.0% IsNext and shorter instances (114.2 against 117.3
+tokens, 10.8% padding against 8.3%).
+
+Where this differs from the original (the statistics agree within its seed spread:
+``tests/data/original_statistics_test.py``):
+
+* the NotNext document: the original draws it from the whole corpus held in RAM (shuffled; after
+  ten draws of the current document it keeps it). To stream with bounded memory we draw it from a
+  window of ``random_doc_pool`` documents around the current one (the ones before and after it in
+  reading order, never the current one); the offline builder's window ends at its work unit
+  (``bertjax.data.offline``). A share with a single document cannot form NotNext pairs and is an
+  error;
+* randomness: one seeded generator per document and dupe (so a document's instances do not depend
+  on the others, nor on the documents read before it) where the original runs one generator
+  through the whole corpus: the same distributions, other draws;
+* order: document-major, every dupe of a document together; the original goes through all
+  documents once per dupe and shuffles the whole list. The consumers shuffle (the pipeline's
+  permutation, the offline builder's bounded buffer).
+
+With ``nsp=False`` (No-NSP and left-to-right ablations) each instance is one segment
+``[CLS] A [SEP]`` filled from contiguous sentences to the target length (``max_seq_length - 2``).
+A sentence longer than the target becomes a chunk of its own and is truncated (counted in
+``truncated``).
 
 An instance is one ``<int32>[L + 4]`` row: ``L`` token ids (``[CLS] A [SEP] B [SEP]``, padded
 with ``[PAD]``) then ``num_tokens``, ``segment_b_start`` (= ``num_tokens`` without B),
@@ -56,6 +79,7 @@ class InstanceOptions:
     nsp: bool
     dupe_factor: int
     random_doc_pool: int
+    split_single_sentence: bool
     cls_id: int
     sep_id: int
     pad_id: int
@@ -315,12 +339,12 @@ def document_instances(
             chunk = end - chunk_start
             a_end = chunk_start + (rng.randint(1, chunk - 1) if chunk >= 2 else 1)
             a = ids[offsets[chunk_start] : offsets[a_end]]
-            label = 1 if rng.random() < 0.5 else 0
+            # A one-sentence chunk is NotNext without a coin flip, as in the original (whose
+            # `or` short-circuits), unless the split variant may make it IsNext.
+            forced = chunk == 1 and not opts.split_single_sentence
+            label = 1 if forced or rng.random() < 0.5 else 0
             if chunk == 1 and label == 0 and len(a) >= 2:
-                # The original forces NotNext here, which skews NSP to ~56% NotNext on
-                # sentence-per-line corpora; the paper's 50/50 is kept by splitting the one
-                # sentence into A and its actual continuation B.
-                split = rng.randint(1, len(a) - 1)
+                split = rng.randint(1, len(a) - 1)  # A and its actual continuation B
                 a, b = a[:split], a[split:]
             elif chunk == 1 or label == 1:
                 label = 1

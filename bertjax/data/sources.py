@@ -27,7 +27,7 @@ from bertjax import atomic
 from bertjax.data import instances
 from bertjax.data.instances import DataError
 
-_FORMAT_VERSION = 2  # bump when pairing or the row layout changes: old caches are ignored
+_FORMAT_VERSION = 3  # bump when pairing or the row layout changes: old caches are ignored
 
 
 def file_patterns(value, field: str) -> list[str]:
@@ -99,6 +99,7 @@ def instance_options(data_config, tokenizer) -> instances.InstanceOptions:
         nsp=bool(data_config.nsp),
         dupe_factor=int(data_config.dupe_factor),
         random_doc_pool=int(data_config.random_doc_pool),
+        split_single_sentence=bool(data_config.split_single_sentence),
         cls_id=tokenizer.cls_id,
         sep_id=tokenizer.sep_id,
         pad_id=tokenizer.pad_id,
@@ -171,6 +172,7 @@ def _fingerprint(data_config, split: str, seed: int) -> str:
         data_config.nsp,
         data_config.dupe_factor,
         data_config.random_doc_pool,
+        data_config.split_single_sentence,
         seed,
         split,
     ]

@@ -339,7 +339,8 @@ def latest_params(workdir, *, log: Callable[[str], None] = print):
     """The newest verified step's params -> (params, BertConfig, vocab_file, do_lower_case).
 
     ``params`` is an unscanned dict of numpy arrays with top-level ``encoder, pooler, mlm, nsp``.
-    Steps that fail verification are named on ``log`` and skipped, as at restore.
+    Steps that fail verification are named on ``log`` and skipped, as at restore. A recorded
+    ``num_layers`` other than the step's layer count is an error naming ``bert_config.json``.
     """
     root = epath.Path(workdir)
     record = read_record(root)
@@ -360,6 +361,14 @@ def latest_params(workdir, *, log: Callable[[str], None] = print):
         np.asarray, checkpointer.restore(state_dir, restore_args=restore_args)["params"]
     )
     bert_config = record["bert_config"]
-    if "layer" in params["encoder"].get("layers", {}):
+    layers = params["encoder"].get("layers", {})
+    stacked = "layer" in layers  # scanned: one entry whose leaves have a leading layer axis
+    found = len(jax.tree.leaves(layers["layer"])[0]) if stacked else len(layers)
+    if found != bert_config.num_layers:
+        raise CheckpointError(
+            f"{root / CONFIG_FILE}: num_layers={bert_config.num_layers}, but {state_dir} has "
+            f"{found} encoder layers"
+        )
+    if stacked:
         params = {**params, "encoder": unstack_layers(params["encoder"], bert_config.num_layers)}
     return params, bert_config, str(root / VOCAB_FILE), bool(record["do_lower_case"])

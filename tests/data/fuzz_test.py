@@ -114,6 +114,7 @@ def test_corpus_documents(tmp_path, wordpiece, record_property):
         nsp=True,
         dupe_factor=1,
         random_doc_pool=4,
+        split_single_sentence=False,
         cls_id=wordpiece.cls_id,
         sep_id=wordpiece.sep_id,
         pad_id=wordpiece.pad_id,

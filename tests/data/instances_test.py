@@ -19,6 +19,7 @@ def _options(**overrides):
         nsp=True,
         dupe_factor=1,
         random_doc_pool=50,
+        split_single_sentence=False,
         cls_id=CLS,
         sep_id=SEP,
         pad_id=PAD,
@@ -45,8 +46,14 @@ def _segments(row, length):
     return ids[1 : b_start - 1], ids[b_start:-1], label
 
 
-def test_instance_structure_and_provenance():
-    opts = _options(dupe_factor=3)
+def _sentence(ids):
+    """The sentence index that ``_synthetic_documents`` encodes in each id."""
+    return (ids % 100_000) // 100
+
+
+@pytest.mark.parametrize("split_single_sentence", [False, True])
+def test_instance_structure_and_provenance(split_single_sentence):
+    opts = _options(dupe_factor=3, split_single_sentence=split_single_sentence)
     rows = np.concatenate(
         list(
             instances.generate_instances(
@@ -56,6 +63,7 @@ def test_instance_structure_and_provenance():
     )
     length = opts.max_seq_length
     assert len(rows) > 4000
+    within_a_sentence = []
     for row in rows:
         num_tokens, b_start, label, _ = row[length:]
         assert num_tokens <= length
@@ -68,13 +76,20 @@ def test_instance_structure_and_provenance():
         assert len(set(a // 100_000)) == 1 and np.all(np.diff(a) > 0)
         if label == 0:  # IsNext: B continues A in the same document
             assert set(b // 100_000) == set(a // 100_000) and b[0] > a[-1]
+            # The original splits a chunk only between sentences; the variant also inside one.
+            within_a_sentence.append(_sentence(b[0]) == _sentence(a[-1]))
         else:  # NotNext: B comes from a different document
             assert set(b // 100_000).isdisjoint(set(a // 100_000))
-    # The paper's 50/50 NSP split.
-    assert abs(rows[:, length + 2].mean() - 0.5) < 0.02
+    not_next = rows[:, length + 2].mean()
+    if split_single_sentence:  # the paper's 50/50, one-sentence chunks split in two
+        assert abs(not_next - 0.5) < 0.02 and sum(within_a_sentence) > 100
+    else:  # every one-sentence chunk is NotNext, the others a fair coin: more NotNext
+        assert not_next > 0.55 and not any(within_a_sentence)
 
 
-def test_nsp_balance_over_100k_tokens_of_the_bundled_corpus():
+def test_split_variant_balances_nsp_over_100k_tokens_of_the_bundled_corpus():
+    """``split_single_sentence`` keeps the paper's 50/50 on real text (the default rule gives the
+    original's share: tests/data/original_statistics_test.py)."""
     tok = tokenization.create_tokenizer("wordpiece", bundled.VOCAB, True)
     with gzip.open(bundled.TRAIN_CORPUS, "rt") as f:
         lines = list(itertools.islice(f, 3000))
@@ -84,7 +99,9 @@ def test_nsp_balance_over_100k_tokens_of_the_bundled_corpus():
         )
     )
     # 25 pairings per document give > 20k instances, so +-1 pt is > 3 standard deviations.
-    opts = _options(max_seq_length=128, random_doc_pool=1000, dupe_factor=25)
+    opts = _options(
+        max_seq_length=128, random_doc_pool=1000, dupe_factor=25, split_single_sentence=True
+    )
     rows = np.concatenate(list(instances.generate_instances(iter(documents), 3, opts, "slice")))
     assert sum(len(d.ids) for d in documents) > 100_000
     assert len(rows) > 20_000
@@ -166,14 +183,22 @@ PINNED_CASES = {  # options -> sha256 of the rows: pins the pairing code's exact
     "short": dict(max_seq_length=48, short_seq_prob=0.5, random_doc_pool=7),
     "no_nsp": dict(max_seq_length=32, nsp=False),
     "long": dict(max_seq_length=128, dupe_factor=3),
+    "nsp_split": dict(max_seq_length=64, dupe_factor=2, split_single_sentence=True),
+    "short_split": dict(
+        max_seq_length=48, short_seq_prob=0.5, random_doc_pool=7, split_single_sentence=True
+    ),
+    "long_split": dict(max_seq_length=128, dupe_factor=3, split_single_sentence=True),
 }
 
 
 PINNED = {
-    "long": (1220, "7525127d094099c8"),
+    "long": (1219, "12bee04f35b12dfb"),
     "no_nsp": (585, "d4915de8af773436"),
-    "nsp": (1082, "a3cc59431a2b0c54"),
-    "short": (769, "54e34620772e6c86"),
+    "nsp": (1080, "36f58e8915736064"),
+    "short": (775, "6a1572cb50d7fd6b"),
+    "long_split": (1220, "7525127d094099c8"),
+    "nsp_split": (1082, "a3cc59431a2b0c54"),
+    "short_split": (769, "54e34620772e6c86"),
 }
 
 
@@ -191,8 +216,10 @@ def _pinned_documents():
 
 @pytest.mark.parametrize("name", sorted(PINNED_CASES))
 def test_instances_for_a_seed_are_pinned(name):
-    """A regression pin (digests recorded from the straightforward per-sentence loop of
-    session 1): optimisations of the pairing code must reproduce its instances exactly."""
+    """A regression pin: optimisations of the pairing code must reproduce its instances exactly.
+    ``no_nsp`` and the ``*_split`` digests were recorded from the straightforward per-sentence
+    loop of session 1, when splitting a one-sentence chunk was the only rule; the others when the
+    original's rule became the default (its statistics: original_statistics_test.py)."""
     import hashlib
 
     opts = _options(**PINNED_CASES[name])

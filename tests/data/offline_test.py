@@ -78,8 +78,7 @@ def test_writes_shards_the_original_spec_parses(corpus, tmp_path, capsys):
         assert not np.isin(r["masked_lm_ids"][weights], [0, 1, 2, 3, 4]).any()
         assert r["input_ids"][0] == 2 and r["input_ids"][n - 1] == 3
         labels.append(int(r["next_sentence_labels"][0]))
-    assert set(labels) == {0, 1}
-    assert 0.4 < np.mean(labels) < 0.6  # small sample; the precise balance is tested elsewhere
+    assert set(labels) == {0, 1}  # the share against the original's: original_statistics_test
 
 
 def test_bad_input_exits_non_zero_and_leaves_nothing(tmp_path, capsys):

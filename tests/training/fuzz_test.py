@@ -107,9 +107,35 @@ def test_params_checkpoint_metadata(tiny_checkpoint, tmp_path, record_property):
     )
 
 
-def test_workdir_metadata(tmp_path, record_property):
-    workdir = tmp_path / "workdir"
-    workdir_lib.write_record(workdir, TINY, bundled.VOCAB, True, "{}")
+@pytest.fixture(scope="module")
+def tiny_workdir(tmp_path_factory):
+    """A training workdir with one verified step whose state is a stand-in tree: a 2-layer
+    scanned encoder (leading axis 2), a pooler and a step counter."""
+    layer = {"output": {"bias": np.arange(4, dtype=np.float32).reshape(2, 2)}}
+    state = {
+        "params": {"encoder": {"layers": {"layer": layer}}, "pooler": {"bias": np.ones(2)}},
+        "step": np.int32(1),
+    }
+    path = tmp_path_factory.mktemp("workdir") / "run"
+    workdir_lib.write_record(path, TINY, bundled.VOCAB, True, "{}")
+    checkpoints = workdir_lib.Checkpoints(path, keep=1, async_save=False, log=lambda _: None)
+    checkpoints.open_for_writing()
+    checkpoints.save(1, state, np.zeros(2, np.uint32), {"step": 1})
+    checkpoints.finish()
+    checkpoints.close()
+    return path
+
+
+def _workdir_copy(tiny_workdir, tmp_path):
+    path = tmp_path / "run"
+    shutil.copytree(tiny_workdir, path)
+    return path
+
+
+def test_workdir_metadata(tiny_workdir, tmp_path, record_property):
+    """Mutated metadata beside a checkpoint that verifies, so the reader goes on to the params:
+    it gives the checkpoint's 2 layers with a config that says 2, or one line naming the file."""
+    workdir = _workdir_copy(tiny_workdir, tmp_path)
     originals = {
         name: (workdir / name).read_bytes()
         for name in (workdir_lib.META_FILE, checkpoint.CONFIG_FILE)
@@ -127,11 +153,17 @@ def test_workdir_metadata(tmp_path, record_property):
         for other, original in originals.items():
             (workdir / other).write_bytes(original)
         (workdir / name).write_bytes(contents)
-        # No checkpoints/: readable metadata ends in "no complete checkpoint that verifies".
-        with pytest.raises(checkpoint.CheckpointError) as error:
-            workdir_lib.latest_params(workdir, log=lambda _: None)
-        if "no complete checkpoint" not in str(error.value):
-            check_one_line(error.value, workdir / name)
+        try:
+            params, config, _, do_lower_case = workdir_lib.latest_params(workdir, log=print)
+        except checkpoint.CheckpointError as e:
+            check_one_line(e, workdir / name)
+        else:
+            meta = json.loads((workdir / workdir_lib.META_FILE).read_text())
+            assert do_lower_case is meta["do_lower_case"]
+            assert config.num_layers == 2
+            layers = params["encoder"]["layers"]
+            assert sorted(layers) == ["layer_0", "layer_1"]
+            np.testing.assert_array_equal(layers["layer_1"]["output"]["bias"], [2, 3])
 
     fuzz(
         record_property,
@@ -140,6 +172,9 @@ def test_workdir_metadata(tmp_path, record_property):
         check,
         max_examples=100,
     )
+    # The fuzzer rarely writes a valid flipped casing; the check above must see one.
+    flipped = {**documents[workdir_lib.META_FILE], "do_lower_case": False}
+    check((workdir_lib.META_FILE, json.dumps(flipped).encode()))
 
 
 def test_bert_config_from_dict(record_property):
@@ -220,12 +255,16 @@ def test_hf_config_regressions(tmp_path, changes, message):
         (workdir_lib.META_FILE, '{"format_version": 1}', "do_lower_case=None"),  # KeyError
         (checkpoint.CONFIG_FILE, '{"hidden_dropout_rate": "0.1"}', "hidden_dropout_rate='0.1'"),
         (checkpoint.CONFIG_FILE, "", "not a JSON file"),  # json.JSONDecodeError
+        # The checkpoint holds 2 layers: 3 raised IndexError, 1 silently dropped a layer.
+        (checkpoint.CONFIG_FILE, {**TINY.to_dict(), "num_layers": 3}, "has 2 encoder layers"),
+        (checkpoint.CONFIG_FILE, {**TINY.to_dict(), "num_layers": 1}, "has 2 encoder layers"),
     ],
-    ids=["no casing", "rate as a string", "empty config"],
+    ids=["no casing", "rate as a string", "empty config", "3 layers", "1 layer"],
 )
-def test_workdir_regressions(tmp_path, name, contents, message):
-    workdir_lib.write_record(tmp_path, TINY, bundled.VOCAB, True, "{}")
-    (tmp_path / name).write_text(contents)
+def test_workdir_regressions(tiny_workdir, tmp_path, name, contents, message):
+    workdir = _workdir_copy(tiny_workdir, tmp_path)
+    text = contents if isinstance(contents, str) else json.dumps(contents)
+    (workdir / name).write_text(text)
     with pytest.raises(checkpoint.CheckpointError, match=re.escape(message)) as error:
-        workdir_lib.latest_params(tmp_path, log=lambda _: None)
-    check_one_line(error.value, tmp_path / name)
+        workdir_lib.latest_params(workdir, log=lambda _: None)
+    check_one_line(error.value, workdir / name)
