@@ -2,7 +2,7 @@
 workloads, beside the peers of ../shared/bench/peers (copy it there; bench/run_steps.sh does).
 
 # venv: bertjax
-# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention
+# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention plainforms
 
 Usage: python step_bertjax.py --workload W1 [--variant jit]. While `import bertjax` fails this
 records 'skipped' and exits 3, so run_all.sh keeps going.
@@ -17,7 +17,9 @@ faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` a
 whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
 (``model.gather_last_layer=False``). ``xlaattention`` runs attention as XLA ops
 (``model.attention_impl='xla'``) where ``jit`` runs the platform's fused kernel ('auto': the
-Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program). The
+Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program).
+``plainforms`` runs the model without its XLA:CPU forms (``cpu_forms=False``:
+``bertjax.model.cpu_forms``), which ``jit`` gets as every CPU step does. The
 notes give the median minor page faults and system CPU seconds per measured step
 (``getrusage``), where allocators differ.
 
@@ -76,10 +78,13 @@ def build_step(w, variant):
             max_grad_norm=0.0,
         )
     )
-    model = BertForPreTraining(bert_config)
+    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
+    model_config = sh.bert_config_for(bert_config, mesh)  # as build_steps fits it to the mesh
+    if variant == "plainforms":
+        model_config = model_config.replace(cpu_forms=False)
+    model = BertForPreTraining(model_config)
     tx = optimizer.create_optimizer(opt_config, 1)
     schedule = optimizer.learning_rate_schedule(opt_config, 1)
-    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     seq, masked = w["seq"], w["n_masked"]
     _, shardings = step_lib.state_shardings(model, tx, mesh, sh.DEFAULT_RULES, seq, masked)
     state = step_lib.init_train_state(model, tx, shardings, jax.random.key(w["seed"]), seq, masked)

@@ -4,8 +4,10 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
 
     data/       text -> batches on the host (tf.data, tensorflow-text; no JAX). The batch
                 contract is data/pipeline.py's docstring.
-    model/      the network, only the math: BertConfig, encoder, attention (XLA and fused
-                kernels), dropout, heads, losses; logical axis names on every parameter.
+    model/      the network, only the math: BertConfig, encoder, heads, losses; logical axis
+                names on every parameter. attention/: the dispatch, the XLA path, the
+                counter-hash dropout, the Pallas flash kernels (tpu/, gpu/), the kernel chosen
+                when a step is built for its mesh.
     training/   what both loops share: mesh and sharding, optimizer, checkpoints, metrics,
                 the accelerator table.
     pretrain/   step (pure train/eval steps, jitted once), inputs (checks, batches), loop (host).

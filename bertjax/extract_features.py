@@ -37,6 +37,7 @@ from absl import flags
 from bertjax import cli, convert
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
+from bertjax.training import sharding as sh
 
 _PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
 
@@ -171,11 +172,12 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
+    config = sh.bert_config_for(conv.config, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
     tmp = f"{output_file}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
-                out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
+                out = np.asarray(_forward(config, positions, params, ids, segments, mask))
                 for row, feature in enumerate(chunk):
                     f.write(_json_line(feature, out[row], layers))
         os.replace(tmp, output_file)

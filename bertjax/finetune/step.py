@@ -111,6 +111,7 @@ class Runner:
     def __init__(self, task, model: nn.Module, config, devices=None):
         self.task, self.model, self.config = task, model, config
         self.mesh = sh.create_mesh(config.mesh.shape, devices)
+        self.model = model.clone(config=sh.bert_config_for(model.config, self.mesh))
         self.rules = sh.normalize_rules(config.mesh.rules)
         shards = sh.num_batch_shards(self.mesh)
         for name in ("batch_size", "eval_batch_size"):

@@ -281,7 +281,7 @@ class Steps:
 def build_steps(config, mesh: Mesh) -> Steps:
     """The model, optimizer, abstract state with its shardings, and the train and eval steps
     jitted once for ``config``'s global batch shapes on ``mesh``. Nothing is allocated."""
-    bert_config = bert_config_from(config)
+    bert_config = sh.bert_config_for(bert_config_from(config), mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     model = BertForPreTraining(bert_config)
     tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))
