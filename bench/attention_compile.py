@@ -40,7 +40,8 @@ from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from bertjax import fused_attention  # noqa: E402
+from bertjax.model import attention  # noqa: E402
+from bertjax.training import sharding  # noqa: E402
 
 # (label, keys L, queries Q or None for Q = L, causal)
 CASES = (
@@ -64,11 +65,10 @@ def _mesh(topology: str) -> jax.sharding.Mesh:
 def _loss_and_grads(mesh, impl: str, causal: bool, with_positions: bool, num_heads: int):
     def loss(query, key, value, key_mask, positions, seed, d_context):
         heads = lambda x: x.reshape(*x.shape[:2], num_heads, -1)  # [B, T, N*D] -> [B, T, N, D]
-        context = fused_attention.sharded_attention(
-            heads(query), heads(key), heads(value), key_mask, mesh=mesh,
-            batch_axes=("data", "fsdp"), head_axes=("tensor",), impl=impl, causal=causal,
+        context = attention.attention(  # per (batch, heads) shard of the rules' mesh axes
+            heads(query), heads(key), heads(value), key_mask, kernel=impl, causal=causal,
             query_positions=positions if with_positions else None,
-            dropout_rate=0.1, dropout_seed=seed, interpret=False,
+            dropout_rate=0.1, dropout_seed=seed,
         )  # fmt: skip
         context = context.reshape(d_context.shape).astype(jnp.float32)
         return jnp.sum(context * d_context.astype(jnp.float32))
@@ -95,11 +95,9 @@ def compile_case(mesh, impl, batch, heads, head_dim, length, queries, causal):
     )
     fn = _loss_and_grads(mesh, impl, causal, queries != length, heads)
     start = time.perf_counter()
-    compiled = (
-        jax.jit(fn, in_shardings=tuple(a.sharding for a in args), out_shardings=None)
-        .lower(*args)
-        .compile()
-    )
+    jitted = jax.jit(fn, in_shardings=tuple(a.sharding for a in args), out_shardings=None)
+    with sharding.tracing_on(mesh, sharding.DEFAULT_RULES):
+        compiled = jitted.lower(*args).compile()
     return compiled, time.perf_counter() - start
 
 
@@ -136,7 +134,7 @@ def main():
     )
     seen: set[str] = set()
     for label, length, queries, causal in CASES:
-        for impl in ("xla", "fused_tpu"):
+        for impl in ("xla", "tpu"):
             compiled, seconds = compile_case(
                 mesh, impl, args.batch, args.heads, args.head_dim, length, queries, causal
             )

@@ -1,7 +1,7 @@
 """Compiles the GPU flash-attention kernels for NVIDIA GPUs with the real Triton compiler, on any
 machine. No GPU needed, and nothing runs.
 
-JAX lowers the Pallas kernels of ``bertjax/model/flash_gpu*.py`` to Triton IR (``jax.export`` for
+JAX lowers the Pallas kernels of ``bertjax/model/attention/gpu/`` to Triton IR (``jax.export`` for
 'cuda', as a bf16 train step with attention dropout calls them through the model's dispatch);
 pip's ``triton`` then compiles that IR to PTX and ``ptxas`` to a cubin for the named
 architectures, as XLA:GPU does on a GPU. Prints per kernel and architecture what ptxas reports:
@@ -38,7 +38,7 @@ def export_for_cuda(batch=8, length=512, heads=16, head_dim=64, causal=False, dt
     from jax import export
     from jax._src.pallas.triton import pallas_call_registration as registration
 
-    from bertjax.model import attention, backend
+    from bertjax.model import attention
 
     modules = {}
     lower = registration.lowering.lower_jaxpr_to_triton_module
@@ -51,7 +51,7 @@ def export_for_cuda(batch=8, length=512, heads=16, head_dim=64, causal=False, dt
     def loss(query, key, value, key_mask, seed):
         context = attention.attention(
             query, key, value, key_mask, causal=causal, query_positions=None, dropout_rate=0.1,
-            dropout_seed=seed, impl="auto",
+            dropout_seed=seed, kernel="gpu",
         )  # fmt: skip
         return context.astype(jnp.float32).sum()
 
@@ -60,12 +60,11 @@ def export_for_cuda(batch=8, length=512, heads=16, head_dim=64, causal=False, dt
     args += (jax.ShapeDtypeStruct((2,), jnp.uint32),)
     registration.lowering.lower_jaxpr_to_triton_module = keep_text
     try:
-        with backend.target("gpu"):
-            exported = export.export(
-                jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
-                platforms=["cuda"],
-                disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
-            )(*args)
+        exported = export.export(
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2))),
+            platforms=["cuda"],
+            disabled_checks=[export.DisabledSafetyCheck.custom_call(TRITON_CALL)],
+        )(*args)
     finally:
         registration.lowering.lower_jaxpr_to_triton_module = lower
     return exported.mlir_module(), modules
@@ -77,7 +76,7 @@ def compile_for(ttir: str, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from bertjax.model.flash_gpu_kernels import Plan
+    from bertjax.model.attention.gpu.kernels import Plan
 
     warnings.filterwarnings("ignore", module="triton")
     options = {"num_warps": Plan.num_warps, "num_stages": Plan.num_stages}

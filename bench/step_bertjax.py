@@ -3,7 +3,7 @@ pretraining objective, jitted once) on the shared workloads, beside the peers of
 ../shared/bench/peers (copy it there; bench/run_steps.sh does).
 
 # venv: bertjax
-# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention
+# variants: jit mimalloc jemalloc tcmalloc hugepages fulllast xlaattention plainforms
 
 Usage: python step_bertjax.py --workload W1 [--variant jit]. While `import bertjax` fails this
 records 'skipped' and exits 3, so run_all.sh keeps going.
@@ -18,7 +18,9 @@ faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` a
 whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
 (``model.gather_last_layer=False``). ``xlaattention`` runs attention as XLA ops
 (``model.attention_impl='xla'``) where ``jit`` runs the platform's fused kernel ('auto': the
-Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program). The
+Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program).
+``plainforms`` runs the model without its XLA:CPU forms (``cpu_forms=False``:
+``bertjax.model.cpu_forms``), which ``jit`` gets as every CPU step does. The
 notes give the median minor page faults and system CPU seconds per measured step
 (``getrusage``), where allocators differ.
 
@@ -78,17 +80,21 @@ def build_step(w, variant):
             max_grad_norm=0.0,
         )
     )
+    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
+    model_config = sh.bert_config_for(bert_config, mesh)  # as build_steps fits it to the mesh
+    if variant == "plainforms":
+        model_config = model_config.replace(cpu_forms=False)
     seq, masked = w["seq"], w["n_masked"]
     trainer = compiled.build_trainer(
-        objective_lib.Pretraining(BertForPreTraining(bert_config), seq, masked),
+        objective_lib.Pretraining(BertForPreTraining(model_config), seq, masked),
         optimizer.create_optimizer(opt_config, 1),
         optimizer.learning_rate_schedule(opt_config, 1),
         StepConfig(),
-        sh.create_mesh((1, 1, 1), jax.devices()[:1]),
+        mesh,
         sh.DEFAULT_RULES,
         objective_lib.abstract_batch(w["batch"], seq, masked),
     )
-    mesh, step_fn = trainer.mesh, trainer.train_step
+    step_fn = trainer.train_step
     state = trainer.init_state(jax.random.key(w["seed"]))
     peer = common.make_batch(w)
     host_batch = {

@@ -4,8 +4,10 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
 
     data/       text -> batches on the host (tf.data, tensorflow-text; no JAX). The batch
                 contract is data/pipeline.py's docstring.
-    model/      the network, only the math: BertConfig, encoder, attention (XLA and fused
-                kernels), dropout, heads, losses; logical axis names on every parameter.
+    model/      the network, only the math: BertConfig, encoder, heads, losses; logical axis
+                names on every parameter. attention/: the dispatch, the XLA path, the
+                counter-hash dropout, the Pallas flash kernels (tpu/, gpu/), the kernel chosen
+                when a step is built for its mesh.
     training/   the trainer core both loops run on (train state, the pure step, jit on the mesh,
                 start, the host loop, metrics) and what else they share: mesh and sharding,
                 optimizer, checkpoints, workdir, lease, the accelerator table.

@@ -201,7 +201,7 @@ def compile_for(config, topology: str) -> dict:
         "batch_bytes": _per_chip_bytes(train_args[1], jax_shardings(train_args[1])),
         "scan_layers": bert_config.scan_layers,
         "remat_policy": bert_config.remat_policy,
-        "attention_impl": bert_config.attention_impl,
+        "attention_impl": steps.bert_config.attention_impl,
         "dtype": bert_config.dtype,
     }  # fmt: skip
     if compiled is None:

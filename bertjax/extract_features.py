@@ -38,6 +38,7 @@ from bertjax.interop import formats
 from bertjax.interop.converted import Converted, ConvertError
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
+from bertjax.training import sharding as sh
 
 _PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
 
@@ -172,9 +173,10 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
+    config = sh.bert_config_for(conv.config, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
     with atomic.writer(output_file, "w") as f:
         for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
-            out = np.asarray(_forward(conv.config, positions, params, ids, segments, mask))
+            out = np.asarray(_forward(config, positions, params, ids, segments, mask))
             for row, feature in enumerate(chunk):
                 f.write(_json_line(feature, out[row], layers))
     return len(features)

@@ -37,7 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.scan_layers = False
     config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
     # auto: the Pallas flash kernels (attention dropout inside) on TPU and GPU (cuDNN on GPU for
-    # 16-bit calls without dropout), XLA on CPU | xla | fused. The same function either way.
+    # 16-bit calls without dropout), XLA on CPU | xla | fused (auto's kernels; on CPU the TPU
+    # kernel in interpret mode). The same function either way; resolved into a kernel for the
+    # mesh's platform when the step is built (bertjax.model.attention).
     config.model.attention_impl = "auto"
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
     # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still

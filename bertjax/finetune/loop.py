@@ -121,7 +121,7 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     opt_config.learning_rate = float(learning_rate)
     opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
     example = train_features.arrays
-    objective = objective_for(task, model, example)
+    objective = objective_for(task, model, example, mesh)
     train_batch = {
         k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
         for k, v in example.items()
@@ -258,7 +258,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         print(f"stopped: rerun the same command to resume in {workdir}", flush=True)
         return {"stopped": True}
     predictor = Predictor(
-        objective_for(task, model, train_features.arrays),
+        objective_for(task, model, train_features.arrays, fitted.mesh),
         fitted.mesh,
         config.mesh.rules,
         config.eval_batch_size,
@@ -323,7 +323,7 @@ def predict(config, workdir: str) -> list[str]:
     mesh = sh.create_mesh(config.mesh.shape)
     _check_batches(config, mesh)
     predictor = Predictor(
-        objective_for(task, model, example), mesh, config.mesh.rules, config.eval_batch_size
+        objective_for(task, model, example, mesh), mesh, config.mesh.rules, config.eval_batch_size
     )
     out_dir = os.path.join(workdir, "predictions")
     evaluate_and_write(predictor, task, params, data, splits, out_dir, with_labels=False)

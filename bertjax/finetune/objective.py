@@ -104,8 +104,11 @@ class FineTuning:
         return sums["task_loss_sum"] / jnp.maximum(normalizers["task"], 1.0)
 
 
-def objective_for(task, model: nn.Module, example: dict) -> FineTuning:
-    """``task``'s objective; ``example``: feature arrays (their shapes fix the inputs')."""
+def objective_for(task, model: nn.Module, example: dict, mesh: Mesh) -> FineTuning:
+    """``task``'s objective on ``mesh``: the model's config fitted to the mesh's platform
+    (``sharding.bert_config_for``: the attention kernel, the CPU forms); ``example``: feature
+    arrays (their shapes fix the inputs')."""
+    model = model.clone(config=sh.bert_config_for(model.config, mesh))
     return FineTuning(model, task.head, tuple(example["input_ids"].shape[1:]))
 
 

@@ -41,7 +41,6 @@ def sweep(config, workdir: str) -> dict:
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
     model = objective_lib.build_model(task, bert_config)
     train_features = data.features[task.train_split]
-    objective = objective_lib.objective_for(task, model, train_features.arrays)
     rows, best, best_params, predictor = [], -1, None, None
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
@@ -59,6 +58,9 @@ def sweep(config, workdir: str) -> dict:
                 print(f"stopped: rerun the same command to resume the sweep in {workdir}")
                 return {"stopped": True}
             if predictor is None:
+                objective = objective_lib.objective_for(
+                    task, model, train_features.arrays, fitted.mesh
+                )
                 predictor = objective_lib.Predictor(
                     objective, fitted.mesh, config.mesh.rules, config.eval_batch_size
                 )

@@ -3,7 +3,9 @@
 The model only ever sees a frozen ``BertConfig``, never the run config. Architecture fields
 (sizes, activation, dropout rates) travel with checkpoints as ``bert_config.json``; runtime fields
 (``dtype``, ``param_dtype``, ``scan_layers``, ``remat_policy``, ``attention_impl``,
-``gather_last_layer``) change speed or memory, never the function computed.
+``cpu_forms``, ``gather_last_layer``) change speed or memory, never the function computed;
+``attention_impl`` and ``cpu_forms`` are fitted to the platform when a step is built for its mesh
+(``bertjax.training.sharding.bert_config_for``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ ATTENTION_KINDS = ("bidirectional", "causal")
 # outputs (the kernel's backward needs nothing else); attention = only the flash kernel's outputs.
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "dots_attention", "attention")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("auto", "xla", "fused")
+# attention_impl: what a run config asks for, and the kernels a resolved BertConfig names
+# (bertjax.model.attention.resolve; 'xla' is both).
+ATTENTION_REQUESTS = ("auto", "xla", "fused")
+ATTENTION_KERNELS = ("xla", "tpu", "gpu", "tpu_interpret", "gpu_interpret")
+ATTENTION_IMPLS = ATTENTION_REQUESTS + ATTENTION_KERNELS[1:]
 # Fields older bertjax versions wrote into bert_config.json; ignored when read.
 RETIRED_FIELDS = frozenset({"matmul"})
 
@@ -48,10 +54,14 @@ class BertConfig:
     attention: str = "bidirectional"  # 'causal' for the paper's left-to-right ablation
     scan_layers: bool = False
     remat_policy: str = "none"
-    # Which attention runs: 'auto' (the Pallas flash kernel on TPU; on GPU cuDNN without dropout,
-    # else the Pallas GPU flash kernel; XLA on CPU), 'xla' or 'fused'; the same function either
-    # way (bertjax.model.backend).
+    # Which attention runs, the same function either way: an ask ('auto': the flash kernels on TPU
+    # and GPU, XLA on CPU; 'xla'; 'fused') that bertjax.training.sharding.bert_config_for resolves
+    # into a kernel ('xla', 'tpu', 'gpu', 'tpu_interpret', 'gpu_interpret') when a step is built
+    # for its mesh (bertjax.model.attention). An unresolved ask runs XLA.
     attention_impl: str = "auto"
+    # The XLA:CPU forms of bertjax.model.cpu_forms (2-D GEMM projections, a GEMV vocab-bias
+    # gradient); set by bertjax.training.sharding.bert_config_for for a CPU mesh.
+    cpu_forms: bool = False
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
     # positions its heads read ([CLS] and the masked positions; K/V still see every position):
     # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less. A runtime choice
@@ -99,6 +109,7 @@ class BertConfig:
         check(self.param_dtype in DTYPES, "param_dtype", f"one of {DTYPES}")
         check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
         check(isinstance(self.scan_layers, bool), "scan_layers", "a bool")
+        check(isinstance(self.cpu_forms, bool), "cpu_forms", "a bool")
 
     @property
     def head_dim(self) -> int:
@@ -138,7 +149,9 @@ class BertConfig:
 
     def portable(self) -> BertConfig:
         """The form written beside weights: unscanned, runtime choices at their defaults."""
-        return self.replace(scan_layers=False, remat_policy="none", attention_impl="auto")
+        return self.replace(
+            scan_layers=False, remat_policy="none", attention_impl="auto", cpu_forms=False
+        )
 
 
 # Model sizes. "base"/"large" are the paper's BERT-BASE and BERT-LARGE; "L{l}_H{h}_A{a}" are the

@@ -36,9 +36,9 @@ from flax import linen as nn
 
 from bertjax.model import attention as attention_lib
 from bertjax.model import axes as sh
-from bertjax.model import backend, flash_tpu
+from bertjax.model import cpu_forms
+from bertjax.model.attention.dropout import Dropout
 from bertjax.model.config import ACTIVATIONS, BertConfig
-from bertjax.model.dropout import Dropout
 
 
 def _dtype(name: str):
@@ -67,8 +67,8 @@ class Dense(nn.Module):
 
     Written with ``self.param`` + ``dot_general`` instead of ``nn.DenseGeneral`` so every kernel and
     bias carries logical axes (``kernel_axes`` = input axes + output axes) and works under
-    ``jax.set_mesh`` with multi-dimensional features. The dot's form per backend is
-    :func:`bertjax.model.backend.dense_dot`.
+    ``jax.set_mesh`` with multi-dimensional features. With ``config.cpu_forms`` the dot is
+    :func:`bertjax.model.cpu_forms.dense_dot`'s 2-D GEMM.
     """
 
     features: tuple[int, ...]
@@ -94,7 +94,7 @@ class Dense(nn.Module):
             _dtype(cfg.param_dtype),
         )
         x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=_dtype(cfg.dtype))
-        return backend.dense_dot(x, kernel, self.contract_dims) + bias
+        return cpu_forms.dense_dot(x, kernel, self.contract_dims, cfg.cpu_forms) + bias
 
 
 def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
@@ -181,7 +181,7 @@ class SelfAttention(nn.Module):
             query_positions=query_positions,
             dropout_rate=cfg.attention_dropout_rate,
             dropout_seed=seed,
-            impl=cfg.attention_impl,
+            kernel=cfg.attention_impl,
         )
         context = nn.with_logical_constraint(
             context, (sh.ACT_BATCH, length_axis, sh.ACT_HEADS, None)
@@ -235,7 +235,7 @@ def _layer_class(config: BertConfig):
     if config.remat_policy == "none":
         return EncoderLayer
     policies = jax.checkpoint_policies
-    kernel_outputs = policies.save_only_these_names(*flash_tpu.CHECKPOINT_NAMES)
+    kernel_outputs = policies.save_only_these_names(*attention_lib.CHECKPOINT_NAMES)
     policy = {
         "full": None,
         "dots": policies.checkpoint_dots,

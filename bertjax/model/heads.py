@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from bertjax.model import axes as sh
-from bertjax.model.backend import add_vocab_bias
+from bertjax.model import cpu_forms
+from bertjax.model.attention.dropout import Dropout
 from bertjax.model.config import BertConfig
-from bertjax.model.dropout import Dropout
 from bertjax.model.encoder import BertEncoder, Dense, activation, gather_positions, layer_norm
 
 
@@ -68,7 +68,8 @@ class MaskedLMHead(nn.Module):
             (cfg.vocab_size,),
             jnp.dtype(cfg.param_dtype),
         )
-        logits = add_vocab_bias(decoder(h).astype(jnp.float32), bias.astype(jnp.float32))
+        add = cpu_forms.add_vocab_bias if cfg.cpu_forms else jnp.add
+        logits = add(decoder(h).astype(jnp.float32), bias.astype(jnp.float32))
         return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
 
 

@@ -25,6 +25,7 @@ from bertjax.model import losses
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import BertForPreTraining
 from bertjax.training import compiled, metrics, optimizer
+from bertjax.training import sharding as sh
 from bertjax.training.step import StepConfig
 
 # The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
@@ -139,7 +140,7 @@ class Steps:
 def build_steps(config, mesh: Mesh) -> Steps:
     """The trainer (abstract state, shardings, train step) and the eval step, jitted once for
     ``config``'s global batch shapes on ``mesh``. Nothing is allocated."""
-    bert_config = bert_config_from(config)
+    bert_config = sh.bert_config_for(bert_config_from(config), mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     objective = objective_from(config, bert_config)
     tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))

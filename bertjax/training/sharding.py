@@ -26,7 +26,7 @@ from flax import linen as nn
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax.model import backend
+from bertjax.model import attention
 from bertjax.model.axes import (
     ACT_BATCH,
     ACT_EMBED,
@@ -42,6 +42,7 @@ from bertjax.model.axes import (
     PARAM_AXES,
     VOCAB,
 )
+from bertjax.model.config import BertConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes the batch dimension is split over (the host pipeline shards data over these).
@@ -188,15 +189,21 @@ def make_global_batch(host_batch: dict, mesh: Mesh) -> dict:
     }
 
 
+def bert_config_for(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
+    """``bert_config`` as a step on ``mesh`` runs it, fitted to the mesh's platform: the
+    attention ask resolved into a kernel (``bertjax.model.attention.resolve``) and, on CPU, the
+    XLA:CPU forms (``bertjax.model.cpu_forms``). Every step builder calls this once; a TPU mesh
+    gets the TPU forms even on a CPU host, as ``python -m bertjax.compile`` needs. ValueError
+    for a kernel the platform cannot run."""
+    platform = mesh.devices.flat[0].platform
+    return bert_config.replace(
+        attention_impl=attention.resolve(bert_config.attention_impl, platform),
+        cpu_forms=platform == "cpu",
+    )
+
+
 @contextlib.contextmanager
 def tracing_on(mesh: Mesh, rules):
-    """What a step is traced and run inside: the mesh, the logical-axis rules, and the mesh's
-    platform as the model's target (``bertjax.model.backend.target``: a TPU mesh traces the TPU
-    forms even on a CPU host, as ``python -m bertjax.compile`` does)."""
-    platform = mesh.devices.flat[0].platform
-    with (
-        jax.set_mesh(mesh),
-        nn.logical_axis_rules(normalize_rules(rules)),
-        backend.target(platform),
-    ):
+    """What a step is traced and run inside: the mesh and the logical-axis rules."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(normalize_rules(rules)):
         yield

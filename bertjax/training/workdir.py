@@ -54,7 +54,7 @@ CHECKPOINTS_DIR = "checkpoints"
 REJECTED_DIR = "checkpoints_rejected"
 FORMAT_VERSION = 2  # 2: steps carry manifests; 1: they did not
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
-                  "gather_last_layer")  # fmt: skip
+                  "cpu_forms", "gather_last_layer")  # fmt: skip
 
 
 def read_record(workdir) -> dict | None:

@@ -52,7 +52,8 @@ def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
 
 
 def test_tpu_program_runs_the_pallas_flash_kernel_unless_xla_is_asked():
-    """attention_impl='auto' traces the Mosaic kernel for a TPU mesh even on this CPU host."""
+    """attention_impl='auto' traces the Mosaic kernel for a TPU mesh even on this CPU host, and
+    the model gets no XLA:CPU forms there (build_steps fits the config to the mesh)."""
     from jax.experimental import topologies
 
     from bertjax.pretrain import objective as objective_lib
@@ -62,6 +63,9 @@ def test_tpu_program_runs_the_pallas_flash_kernel_unless_xla_is_asked():
     for impl, expected in (("auto", True), ("xla", False)):
         config = _config(attention_impl=impl)
         steps = objective_lib.build_steps(config, sh.create_mesh(config.mesh.shape, devices))
+        model_config = steps.trainer.objective.model.config
+        assert model_config.attention_impl == ("tpu" if expected else "xla")
+        assert not model_config.cpu_forms
         args, _ = compile_tool._abstract_args(steps)
         hlo = steps.trainer.train_step.lower(*args).as_text()
         assert ("tpu_custom_call" in hlo) is expected, impl

@@ -56,7 +56,7 @@ def _run(mrpc, shape, workdir, devices=None):
         seed=0, bert_config=TINY, vocab_file=VOCAB, lower=True, devices=devices,
     )  # fmt: skip
     predictor = objective.Predictor(
-        objective.objective_for(task, model, train_features.arrays),
+        objective.objective_for(task, model, train_features.arrays, fitted.mesh),
         fitted.mesh,
         config.mesh.rules,
         config.eval_batch_size,

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.model import backend
 from bertjax.pretrain import inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.training import sharding as sh
@@ -173,30 +172,28 @@ def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("kernel", ["flash_tpu", "flash_gpu"])
-def test_fused_attention_step_equals_xla_step_with_dropout(kernel, monkeypatch):
-    """The whole sharded BERT step with attention_impl='fused' (the Pallas TPU flash kernel, or
-    the GPU one as GPUs run it for calls with dropout, in interpret mode on CPU) equals it with
-    'xla', the paper's attention dropout on: the kernel draws the same counter-hash mask from
-    global positions on every (batch, heads) shard, the last layer's gathered queries included."""
-    if kernel == "flash_gpu":
-        pick = backend.attention_kernel
-        monkeypatch.setattr(
-            backend,
-            "attention_kernel",
-            lambda impl, **kwargs: "flash_gpu" if impl == "fused" else pick(impl, **kwargs),
-        )
+@pytest.mark.parametrize("impl,kernel", [("fused", "tpu_interpret"), ("gpu_interpret",) * 2])
+def test_fused_attention_step_equals_xla_step_with_dropout(impl, kernel):
+    """The whole sharded BERT step with attention_impl='fused' (on CPU: the Pallas TPU flash
+    kernel in interpret mode), or the Pallas GPU kernel as GPUs run it for calls with dropout,
+    equals it with 'xla', the paper's attention dropout on: the kernel draws the same
+    counter-hash mask from global positions on every (batch, heads) shard, the last layer's
+    gathered queries included. build_steps resolves the ask into that kernel."""
     results = {}
-    for impl in ("xla", "fused"):
+    for ask in ("xla", impl):
         config = tiny_config()
         config.train.num_steps = 2
         config.model.attention_dropout_rate = config.model.hidden_dropout_rate = 0.1
-        config.model.attention_impl = impl
+        config.model.attention_impl = ask
         losses, params, *_ = run_steps(config, jax.devices(), (2, 2, 2))
-        results[impl] = losses, params
-    np.testing.assert_allclose(results["fused"][0], results["xla"][0], rtol=1e-5)
+        results[ask] = losses, params
+    np.testing.assert_allclose(results[impl][0], results["xla"][0], rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-        results["fused"][1],
+        results[impl][1],
         results["xla"][1],
     )
+    steps = objective_lib.build_steps(config, sh.create_mesh((2, 2, 2)))
+    model_config = steps.trainer.objective.model.config
+    assert steps.bert_config.attention_impl == model_config.attention_impl == kernel
+    assert model_config.cpu_forms  # a CPU mesh: the XLA:CPU forms

@@ -3,7 +3,7 @@
 Grids are (B, N / heads_per_block, major, minor), the last axis accumulating ("arbitrary"):
 key blocks for the forward and dq kernels, query blocks for dk/dv. Every operand's block is
 chosen by an index map over the grid indices and the scalar-prefetched ``needed`` table (see
-flash_tpu_kernels.py), so skipped tiles re-map to a block already in VMEM and cost no DMA.
+kernels.py), so skipped tiles re-map to a block already in VMEM and cost no DMA.
 Queries, keys, values and their gradients are <dtype>[B, N*D, T] (positions along lanes); row
 stats travel as <float32>[B, N, S, Qp], one [1, bq] row per stat, as the kernels use them.
 """
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from bertjax.model.flash_tpu_kernels import (
+from bertjax.model.attention.tpu.kernels import (
     Plan,
     backward_kernel,
     dkv_kernel,

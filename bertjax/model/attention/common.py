@@ -1,7 +1,7 @@
 """What the TPU and GPU flash-attention kernels share: their inputs, the tile math, the mesh.
 
-Both kernels (``flash_tpu.py`` for Pallas TPU, ``flash_gpu.py`` for Pallas GPU/Triton) compute
-``bertjax.model.attention``'s XLA path exactly, dropout included, from the same inputs:
+Both kernels (``tpu/`` for Pallas TPU, ``gpu/`` for Pallas GPU/Triton) compute
+``bertjax.model.attention``'s XLA path (``xla.py``) exactly, dropout included, from the same inputs:
 
 * ``code`` <int32>[B, Lp]: per key, 1 real, 0 masked, -1 padding (past the true length L);
 * ``positions`` <int32>[B, Qp]: each query's sequence position (for the causal mask), padded;
@@ -14,7 +14,7 @@ Per tile a kernel recomputes, for the (query, key) pairs it owns,
 
     s = float32(dtype(q . k)) + bias      bias: 0 allowed, -1e9 masked, -inf padding key
     p = exp(s - m) / l                    m, l: per-query max and sum over all keys (forward)
-    keep, scale = counter-hash dropout of the global (b, n, q, k)  (``bertjax.model.dropout``)
+    keep, scale = counter-hash dropout of the global (b, n, q, k)  (``dropout.py``)
 
 which is the XLA path's arithmetic, so a tile's probabilities equal the [B, N, Q, L] array's.
 The logits are rounded through ``dtype`` because the XLA einsum returns them in ``dtype``.
@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from bertjax.model import dropout as dropout_lib
+from bertjax.model.attention import dropout as dropout_lib
 
-MASK_VALUE = -1e9  # the XLA path's additive mask (finite: an all-masked row is uniform)
+MASK_VALUE = -1e9  # every path's additive mask (finite: an all-masked row is uniform)
 
 # Names of the forward kernel's outputs, so a remat policy can keep them rather than re-run the
 # kernel in the backward pass (``bertjax.model.encoder``'s 'dots_attention' / 'attention').

@@ -1,4 +1,4 @@
-"""Pallas TPU kernels of the fused attention: forward, dq, and dk/dv (see ``flash_tpu.py``).
+"""Pallas TPU kernels of the fused attention: forward, dq, and dk/dv (see ``flash.py``).
 
 Layouts are feature-major, positions along lanes: queries <dtype>[B, N*D, Qp], keys and values
 <dtype>[B, N*D, Lp] (Qp, Lp: padded to the block sizes). That is the layout the TPU compiler
@@ -10,8 +10,8 @@ stats are then [1, bq] rows, the layout they have in HBM, and every product is a
 last-dims-contracting MXU matmul except the two that contract D (s and dP, [D, bk]^T x [D, bq]).
 
 Per tile every kernel recomputes the probabilities and the dropout mask of the (query, key)
-pairs it owns, with the tile math of ``flash_common.py``. Scalar-prefetched operands: ``needed``
-and ``params`` (``flash_common.kernel_inputs``). Forward and backward visit the same (query block,
+pairs it owns, with the tile math of ``attention/common.py``. Scalar-prefetched operands: ``needed``
+and ``params`` (``common.kernel_inputs``). Forward and backward visit the same (query block,
 key block) pairs, so a recomputed ``s - m`` is never positive. With a single key block
 (``backward_kernel``) every pair is visited.
 """
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from bertjax.model.flash_common import PlanCounts, apply_dropout, dropout_rows, tile_bias
+from bertjax.model.attention.common import PlanCounts, apply_dropout, dropout_rows, tile_bias
 
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [D, m] x [D, n] -> [m, n]
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, W] x [n, W] -> [m, n]

@@ -3,7 +3,7 @@
 Computes exactly ``bertjax.model.attention``'s XLA path (see its docstring for the function),
 dropout included: an online softmax over key blocks that keeps only the context and two float32
 stats per query row in HBM (never a [B, N, Q, L] array), and a ``custom_vjp`` whose backward
-kernels (``flash_tpu_kernels.py``, wired in ``flash_tpu_calls.py``) recompute the probabilities
+kernels (``kernels.py``, wired in ``calls.py``) recompute the probabilities
 and the dropout mask tile by tile from global (b, n, q, k) indices: one kernel for dq, dk and dv
 when the keys fit one block (any length up to 512 by default: every BERT config), else a dq and
 a dk/dv kernel. :func:`flash_attention` hands the kernels [B, N*D, T] operands, sequence along
@@ -11,8 +11,9 @@ lanes, which is the layout the TPU compiler gives the [B, T, N, D] projections (
 transposes cost no copy), pads to whole blocks, and under a mesh runs the kernel per shard with
 ``shard_map`` (batch and heads only; the sequence axis is never split).
 
-On CPU the kernels run in Pallas interpret mode (the tests compare them with the XLA path there);
-the real TPU compiler compiles them on any machine with libtpu (``python -m bertjax.compile``).
+The 'tpu' kernel of ``bertjax.model.attention``; 'tpu_interpret' runs it in Pallas interpret mode,
+where the tests compare it with the XLA path on CPU. The real TPU compiler compiles it on any
+machine with libtpu (``python -m bertjax.compile``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from bertjax.model import backend
-from bertjax.model import flash_common as common
-from bertjax.model import flash_tpu_calls as calls
-from bertjax.model import flash_tpu_kernels as kernels
+from bertjax.model.attention import common
+from bertjax.model.attention.tpu import calls, kernels
 
 # Default tiles, clipped to the 128-padded lengths. bk = 512 holds a whole BERT-512 key row, so
 # the online softmax takes one step (no rescaling), K/V blocks are fetched once per query block
@@ -42,7 +41,8 @@ _SUBLANES = 16
 
 
 def flash_attention(query, key, value, key_mask, **kwargs):
-    """``flash_common.sharded`` over this module's kernels (arguments and mesh there)."""
+    """``common.sharded`` over this module's kernels (arguments and mesh there); ``interpret``:
+    False (Mosaic, on a TPU), True or ``pltpu.InterpretParams`` (Pallas' interpreter, anywhere)."""
     return common.sharded(_fused_attention, query, key, value, key_mask, **kwargs)
 
 
@@ -60,7 +60,7 @@ def _heads_per_block(num_heads: int, head_dim: int) -> int:
 
 
 def _make_plan(
-    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=None, **totals
+    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False, **totals
 ):
     batch, num_queries, num_heads, head_dim = query.shape
     length = key.shape[1]
@@ -79,7 +79,7 @@ def _make_plan(
         padded_keys=common.round_up(length, block_k),
         causal=causal,
         dropout_rate=float(dropout_rate),
-        interpret=backend.platform() != "tpu" if interpret is None else interpret,
+        interpret=interpret,
         **totals,
     )
 

@@ -1,8 +1,8 @@
 """Counter-hash dropout: a Bernoulli keep mask that is a pure function of (seed, position).
 
-Used for every dropout of the model, attention probabilities included; the fused attention
-kernel (``bertjax.model.flash_tpu``) regenerates the same mask tile by tile, so both attention
-implementations compute the same function.
+Used for every dropout of the model, attention probabilities included; the flash attention
+kernels (``tpu/``, ``gpu/``) regenerate the same mask tile by tile, so every attention kernel
+computes the same function.
 
 Element ``(row, col)`` of a mask is kept when
 

@@ -1,16 +1,17 @@
 """Flash attention as Pallas GPU (Triton) kernels, with the counter-hash attention dropout.
 
-The GPU twin of ``flash_tpu.py``: the same function as ``bertjax.model.attention``'s XLA path,
-dropout included, without a [B, N, Q, L] array in memory. The forward kernel keeps the context
-and two float32 stats per query row; a ``custom_vjp`` runs a dq kernel (grid over query blocks)
-and a dk/dv kernel (grid over key blocks) that recompute the probabilities and the dropout mask
-tile by tile (``flash_gpu_kernels.py``); di = rowsum(dO * O) is one fused XLA reduction. Under a
-mesh it runs per (batch, heads) shard (``flash_common.sharded``).
+The GPU twin of ``bertjax.model.attention.tpu``: the same function as the XLA path of
+``bertjax.model.attention``, dropout included, without a [B, N, Q, L] array in memory. The
+forward kernel keeps the context and two float32 stats per query row; a ``custom_vjp`` runs a dq
+kernel (grid over query blocks) and a dk/dv kernel (grid over key blocks) that recompute the
+probabilities and the dropout mask tile by tile (``kernels.py``); di = rowsum(dO * O) is one
+fused XLA reduction. Under a mesh it runs per (batch, heads) shard (``common.sharded``).
 
-``bertjax.model.backend`` picks it on GPU wherever cuDNN's fused attention cannot run the call:
-with attention dropout (training) or in float32. On CPU the kernels run in Pallas interpret
-mode, where the tests compare them with the XLA path; ``jax.export`` for 'cuda' lowers them to
-Triton on any machine (``tests/model/attention_test.py``).
+The 'gpu' kernel of ``bertjax.model.attention`` runs it wherever cuDNN's fused attention
+(``cudnn.py``) cannot run the call: with attention dropout (training) or in float32.
+'gpu_interpret' runs it in Pallas interpret mode, where the tests compare it with the XLA path
+on CPU; ``jax.export`` for 'cuda' lowers it to Triton on any machine
+(``tests/model/attention/gpu/flash_test.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from bertjax.model import backend
-from bertjax.model import flash_common as common
-from bertjax.model import flash_gpu_kernels as kernels
+from bertjax.model.attention import common
+from bertjax.model.attention.gpu import kernels
 
 # Default tiles (clipped to short sequences): 64 x 64 keeps the backward's live [bq, bk]
 # float32 tiles (scores, probabilities, dP, dS) in registers at 4 warps for D <= 64.
@@ -35,7 +35,8 @@ _MIN_TILE = 16  # Triton's smallest dot operand dimension
 
 
 def flash_attention(query, key, value, key_mask, **kwargs):
-    """``flash_common.sharded`` over this module's kernels (arguments and mesh there)."""
+    """``common.sharded`` over this module's kernels (arguments and mesh there); ``interpret``:
+    False (Triton, on a GPU) or True (Pallas' interpreter, anywhere)."""
     return common.sharded(_fused_attention, query, key, value, key_mask, **kwargs)
 
 
@@ -44,7 +45,7 @@ def _power_of_two(x: int) -> int:
 
 
 def _make_plan(
-    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=None, **totals
+    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False, **totals
 ):
     batch, num_queries, num_heads, head_dim = query.shape
     length = key.shape[1]
@@ -63,7 +64,7 @@ def _make_plan(
         padded_keys=common.round_up(length, block_k),
         causal=causal,
         dropout_rate=float(dropout_rate),
-        interpret=backend.platform() != "gpu" if interpret is None else bool(interpret),
+        interpret=bool(interpret),
         block_q_dkv=min(block_q, kernels.Plan.block_q_dkv),
         **totals,
     )

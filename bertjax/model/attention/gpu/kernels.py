@@ -1,4 +1,4 @@
-"""Pallas GPU (Triton) kernels of the fused attention: forward, dq, and dk/dv (``flash_gpu.py``).
+"""Pallas GPU (Triton) kernels of the fused attention: forward, dq, and dk/dv (``flash.py``).
 
 Layouts are the model's own, [B, T, N, D] (D padded to a power of two, T to whole blocks): a
 program reads one head's [block, D] rows with strided loads, so no transposes surround the
@@ -8,9 +8,9 @@ as <float32>[B, N, Qp] (max, sum) and, for the backward, di = rowsum(dO * O).
 Each program owns one (example, head) and one query block (forward, dq: grid (B, N, nq), a loop
 over the key blocks it ``needed``) or one key block (dk/dv: grid (B, N, nk), a loop over the
 range of query sub-blocks that need it). Per tile it recomputes the probabilities and the
-dropout mask with the tile math of ``flash_common.py``; every tile the backward visits either
+dropout mask with the tile math of ``attention/common.py``; every tile the backward visits either
 was visited by the forward or holds only keys masked for rows with a real maximum, so a
-recomputed ``s - m`` is never positive. ``needed``, ``params`` (``flash_common.kernel_inputs``)
+recomputed ``s - m`` is never positive. ``needed``, ``params`` (``common.kernel_inputs``)
 and the dk/dv kernel's query ranges are whole-array operands read with scalar loads. No loop
 branches: Triton pipelines the loads of every loop.
 """
@@ -23,7 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from bertjax.model.flash_common import PlanCounts, apply_keep, dropout_rows, keep_mask, tile_bias
+from bertjax.model.attention.common import (
+    PlanCounts,
+    apply_keep,
+    dropout_rows,
+    keep_mask,
+    tile_bias,
+)
 
 _NT = (((1,), (1,)), ((), ()))  # contract the last dims: [m, D] x [n, D] -> [m, n]
 _TN = (((0,), (0,)), ((), ()))  # contract the first dims: [m, n] x [m, D] -> [n, D]

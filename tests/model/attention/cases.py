@@ -1,0 +1,124 @@
+"""What the attention tests share: random inputs with every kind of masked row, a jitted
+(context, gradients) of an attention function, and the comparison with the XLA path (the
+reference every kernel computes). Not a test module."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.model import attention
+
+SEED = np.array([0x12345678, 0x9ABCDEF0], np.uint32)
+
+
+class Case(NamedTuple):
+    length: int
+    causal: bool
+    rate: float
+    queries: int | None = None  # None: every position; else that many query_positions
+    dtype: str = "float32"
+    block: int | None = None  # block_q = block_k; None: the defaults
+    block_k: int | None = None  # else block_k, when it differs
+    tpu_interpret: bool = False  # TPU interpret mode (NaN for uninitialised memory, DMAs)
+    batch: int = 3
+    heads: int = 2
+    head_dim: int = 64
+    shuffled: bool = False  # query positions in random order, the last quarter padded with 0
+
+
+def inputs(case: Case, seed=0):
+    """Random q (scaled), k, v <dtype>[B, T, N, D], a cotangent, key mask with example 0 real,
+    1 and 3 partly padding, 2 all padding, and sorted distinct query positions (or None)."""
+    rng = np.random.default_rng(seed)
+    b, n, d, length = case.batch, case.heads, case.head_dim, case.length
+    queries = case.queries or length
+    shape = lambda t: (b, t, n, d)
+    query = rng.normal(size=shape(queries)) * 2 / np.sqrt(d)
+    key, value = rng.normal(size=shape(length)), rng.normal(size=shape(length))
+    cotangent = rng.normal(size=shape(queries)).astype(np.float32)
+    real = [length, min(90, length - 7), 0, length // 2][:b]
+    key_mask = (np.arange(length)[None] < np.array(real)[:, None]).astype(np.int32)
+    positions = None
+    if case.queries:
+        positions = np.sort(
+            np.stack([rng.choice(length, queries, replace=False) for _ in range(b)]), axis=1
+        ).astype(np.int32)
+        if case.shuffled:  # query blocks then need key blocks in no monotone order
+            positions = rng.permuted(positions, axis=1)
+            positions[:, -queries // 4 :] = 0
+    dtype = jnp.dtype(case.dtype)
+    arrays = [jnp.asarray(x, dtype) for x in (query, key, value)]
+    return (*arrays, jnp.asarray(key_mask)), positions, jnp.asarray(cotangent)
+
+
+def value_and_grads(attention_fn, inputs, positions, cotangent, seed):
+    """(context, (dq, dk, dv)) of sum(context * cotangent), jitted."""
+    query, key, value, key_mask = inputs
+
+    def loss(query, key, value):
+        context = attention_fn(query, key, value, key_mask, positions, seed)
+        return jnp.sum(context.astype(jnp.float32) * cotangent), context
+
+    grads, context = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(query, key, value)
+    return context, grads
+
+
+def seed(case: Case):
+    return jnp.asarray(SEED) if case.rate else None
+
+
+def dispatch(case: Case, kernel: str = "xla"):
+    """An attention function of the model's dispatch with ``kernel`` and ``case``'s options."""
+
+    def attention_fn(query, key, value, key_mask, positions, seed):
+        return attention.attention(
+            query, key, value, key_mask, causal=case.causal, query_positions=positions,
+            dropout_rate=case.rate, dropout_seed=seed, kernel=kernel,
+        )  # fmt: skip
+
+    return attention_fn
+
+
+def kernel_fn(flash_attention, case: Case, **options):
+    """An attention function of a kernel family's ``flash_attention`` (``options``: blocks,
+    interpret, mesh)."""
+
+    def attention_fn(query, key, value, key_mask, positions, seed):
+        return flash_attention(
+            query, key, value, key_mask, causal=case.causal, query_positions=positions,
+            dropout_rate=case.rate, dropout_seed=seed, **options,
+        )  # fmt: skip
+
+    return attention_fn
+
+
+def assert_close(got, want):
+    """Leaf by leaf within float32 rounding of the largest magnitude."""
+    for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        scale = float(jnp.abs(want_leaf).max())
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5, atol=1e-5 * scale)
+
+
+def assert_matches_xla(case: Case, fused_fn, inputs, positions, cotangent):
+    """Context and gradients of ``fused_fn`` equal the XLA path's: within float32 rounding, or
+    in bfloat16 as close to the float32 truth as the XLA path itself is."""
+    fused = value_and_grads(fused_fn, inputs, positions, cotangent, seed(case))
+    xla = value_and_grads(dispatch(case), inputs, positions, cotangent, seed(case))
+    names = ("context", "dq", "dk", "dv")
+    if case.dtype == "float32":
+        for name, got, want in zip(
+            names, jax.tree.leaves(fused), jax.tree.leaves(xla), strict=True
+        ):
+            scale = float(jnp.abs(want).max())
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        return
+    truth_inputs = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in inputs)
+    truth = value_and_grads(dispatch(case), truth_inputs, positions, cotangent, seed(case))
+    for name, got, ref, want in zip(
+        names, jax.tree.leaves(fused), jax.tree.leaves(xla), jax.tree.leaves(truth), strict=True
+    ):
+        fused_error = float(jnp.abs(got.astype(jnp.float32) - want).max())
+        xla_error = float(jnp.abs(ref.astype(jnp.float32) - want).max())
+        assert fused_error <= 1.5 * xla_error + 1e-3 * float(jnp.abs(want).max()), name
