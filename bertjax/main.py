@@ -65,7 +65,10 @@ def _train(flag_values: flags.FlagValues) -> None:
     _initialize_distributed()
     from bertjax.pretrain import loop  # noqa: PLC0415 - after distributed init
 
-    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    # The config keys set by --config.x=y flags: with config.init_checkpoint, the checkpoint
+    # decides the model fields and the vocab, and these must agree with it.
+    command_line = config_flags.get_override_values(flag_values["config"])
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, command_line=command_line)
 
 
 def main() -> None:  # also the console script bertjax-pretrain
