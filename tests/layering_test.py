@@ -104,7 +104,8 @@ def test_no_module_imports_a_command_or_a_higher_stage():
 @pytest.mark.parametrize("source,expected", [
     ("from bertjax import convert", "imports the command module bertjax.convert"),
     ("from .. import extract_features", "imports the command module bertjax.extract_features"),
-    ("def f():\n    from bertjax.pretrain import step", "imports bertjax.pretrain.step (pretrain)"),
+    ("def f():\n    from bertjax.pretrain import objective",
+     "imports bertjax.pretrain.objective (pretrain)"),
     ("import bertjax.cli", "imports bertjax.cli (cli)"),
     ("from bertjax.finetune import inputs", "imports bertjax.finetune.inputs (finetune)"),
 ])  # fmt: skip

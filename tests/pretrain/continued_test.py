@@ -74,11 +74,13 @@ def env(tmp_path_factory):
     return root, environ
 
 
-def _main(env, checkpoint, workdir, *extra) -> subprocess.Popen:
-    """Starts ``python -m bertjax.main`` on tiny.py's config and ``checkpoint``."""
+def _main(env, checkpoint, workdir, *extra, config=None) -> subprocess.Popen:
+    """Starts ``python -m bertjax.main`` on ``checkpoint`` with tiny.py's config (reading the
+    corpus slice) or ``config``."""
     root, environ = env
     flags = [f"--config.{k}={v}" for k, v in TRAIN_FLAGS.items()]
-    command = [sys.executable, "-m", "bertjax.main", f"--config={root / 'test_config.py'}",
+    config = config or root / "test_config.py"
+    command = [sys.executable, "-m", "bertjax.main", f"--config={config}",
                f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
                *flags, *extra]  # fmt: skip
     return subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
@@ -107,17 +109,17 @@ def checkpoints(tmp_path_factory):
 def runs(env, checkpoints):
     """The runs, side by side: {name: (workdir, returncode, stdout, stderr)}. 'hf', 'tf1' and
     'model' continue their checkpoint; 'tf1' also sets a model field on the command line that
-    agrees with the checkpoint, 'refused' one that does not."""
+    agrees with the checkpoint, 'refused' (on configs/continue.py) one that does not."""
     _, hf_dir, tf1_dir, _, model_dir = checkpoints
     started = {}
-    for name, checkpoint, extra in (
-        ("hf", hf_dir, ()),
-        ("tf1", tf1_dir, ("--config.model.hidden_size=32",)),
-        ("model", model_dir, ()),
-        ("refused", hf_dir, ("--config.model.num_layers=3",)),
+    for name, checkpoint, extra, config in (
+        ("hf", hf_dir, (), None),
+        ("tf1", tf1_dir, ("--config.model.hidden_size=32",), None),
+        ("model", model_dir, (), None),
+        ("refused", hf_dir, ("--config.model.num_layers=3",), REPO / "configs" / "continue.py"),
     ):
         workdir = env[0] / f"run_{name}"
-        started[name] = workdir, _main(env, checkpoint, workdir, *extra)
+        started[name] = workdir, _main(env, checkpoint, workdir, *extra, config=config)
     out = {}
     for name, (workdir, process) in started.items():
         stdout, stderr = process.communicate(timeout=600)
