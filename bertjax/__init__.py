@@ -13,8 +13,10 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
                 optimizer, checkpoints, workdir, lease, the accelerator table.
     interop/    HF and TF1 checkpoints <-> bertjax as a library. It sits above training because
                 it reads and writes training's checkpoint and workdir layouts (and needs the
-                model's BertConfig); fine-tuning reads any checkpoint through it.
-    pretrain/   only what pretraining adds: its objective (MLM + NSP), inputs, start, loop.
+                model's BertConfig); fine-tuning and continued pretraining read any checkpoint
+                through it.
+    pretrain/   only what pretraining adds: its objective (MLM + NSP), inputs, continued (a run
+                from a checkpoint), start, loop.
     finetune/   only what fine-tuning adds: objective (heads, losses, predictions), inputs,
                 loop, sweep, one module per task family; pretrain and finetune are peers and
                 never import each other.

@@ -1,11 +1,14 @@
 """Pretrains BERT: ``python -m bertjax.main --config=configs/tiny.py --workdir=/tmp/tiny``.
 
-Config overrides work as usual, e.g. ``--config.optimizer.learning_rate=5e-5``. Multi-process runs
-(TPU pod slices) call ``jax.distributed.initialize()``: automatically on a Cloud TPU VM (the hosts
-of the slice come from the TPU metadata), or explicitly with ``--coordinator_address``,
-``--num_processes``, ``--process_id`` (e.g. two local CPU processes). Re-running the same command
-resumes from the workdir's latest checkpoint; SIGTERM saves a checkpoint and exits 0. Errors in the
-config or inputs print one line, exit 1.
+Config overrides work as usual, e.g. ``--config.optimizer.learning_rate=5e-5``; with
+``--config.init_checkpoint`` the checkpoint decides the model and vocab, and the
+``--config.model.*`` and ``--config.data.vocab_file`` flags given must agree with it
+(``bertjax.pretrain.continued``; this module hands it the keys the command line set).
+Multi-process runs (TPU pod slices) call ``jax.distributed.initialize()``: automatically on a
+Cloud TPU VM (the hosts of the slice come from the TPU metadata), or explicitly with
+``--coordinator_address``, ``--num_processes``, ``--process_id`` (e.g. two local CPU processes).
+Re-running the same command resumes from the workdir's latest checkpoint; SIGTERM saves a
+checkpoint and exits 0. Errors in the config or inputs print one line, exit 1.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ def _train(flag_values: flags.FlagValues) -> None:
     _initialize_distributed()
     from bertjax.pretrain import loop  # noqa: PLC0415 - after distributed init
 
-    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    # The config keys set by --config.x=y flags: with config.init_checkpoint, the checkpoint
+    # decides the model fields and the vocab, and these must agree with it.
+    command_line = config_flags.get_override_values(flag_values["config"])
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, command_line=command_line)
 
 
 def main() -> None:  # also the console script bertjax-pretrain

@@ -84,11 +84,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 
     # ---- train / optimizer / checkpoint / mesh / eval / logging (owner: bertjax.pretrain) ----
-    # Params-only bertjax checkpoint (e.g. converted from HF/TF) used when the workdir has none.
+    # Continue pretraining from a checkpoint when the workdir has none: a bertjax checkpoint or
+    # workdir, a HF BertModel / BertForPreTraining directory or a TF1 release. Its architecture,
+    # vocab and casing replace config.model's and config.data's (bertjax.pretrain.continued;
+    # configs/continue.py, docs/continued_pretraining.md).
     config.init_checkpoint = ""
     # A vocab that differs from the one the workdir or init_checkpoint was trained with is an
     # error (every embedding row would belong to another token); True accepts a deliberate
-    # same-size change.
+    # same-size change (with init_checkpoint: a data.vocab_file given on the command line).
     config.allow_vocab_change = False
 
     config.train = ml_collections.ConfigDict()

@@ -1,7 +1,8 @@
 """Checkpoint interop as a library: HuggingFace and Google's original TF1 BERT <-> bertjax.
 
-``python -m bertjax.convert`` is the command over it; fine-tuning (``config.init_checkpoint``)
-and ``extract_features`` read any checkpoint through :func:`bertjax.interop.formats.load`.
+``python -m bertjax.convert`` is the command over it; fine-tuning and pretraining
+(``config.init_checkpoint``; ``bertjax.pretrain.continued``) and ``extract_features`` read any
+checkpoint through :func:`bertjax.interop.formats.load`.
 
 * ``converted``: :class:`Converted` (a checkpoint in memory: unscanned numpy params, BertConfig,
   vocab, casing, a fine-tuned model's task) and :class:`ConvertError`.

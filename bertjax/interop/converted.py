@@ -59,14 +59,29 @@ def json_bool(values: dict, key: str, default: bool, path: str) -> bool:
     return value
 
 
-def require_casing(do_lower_case: bool | None, src: str) -> bool:
-    """The casing a source did not record must come from the caller (``--do_lower_case``)."""
+def require_casing(do_lower_case: bool | None, src: str, vocab_file: str | None = None) -> bool:
+    """The casing a source did not record comes from the caller (``--do_lower_case``), else
+    from ``vocab_file`` when one is given (:func:`vocab_casing`), else it is an error."""
+    if do_lower_case is None and vocab_file is not None:
+        return vocab_casing(vocab_file)
     if do_lower_case is None:
         raise ConvertError(
             f"{src}: casing unknown (no tokenizer_config.json do_lower_case); pass "
             "--do_lower_case=true|false"
         )
     return bool(do_lower_case)
+
+
+def vocab_casing(vocab_file: str) -> bool:
+    """Whether a WordPiece vocab belongs to a lower-casing ("uncased") model: no entry has an
+    upper-case letter outside brackets (``[CLS]``, ``[unused0]``). Google's uncased vocabs have
+    none, since their text was lower-cased before the vocab was built; its cased ones hold
+    ``The``, ``A``, ... and lower-casing would never produce those."""
+    with open(vocab_file, encoding="utf-8") as f:
+        tokens = [line.strip() for line in f]
+    return not any(
+        token != token.lower() for token in tokens if not (token[:1] == "[" and token[-1:] == "]")
+    )
 
 
 def check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:

@@ -46,14 +46,17 @@ def detect_format(src: str) -> str:
     )
 
 
-def load(src: str, fmt: str | None = None, do_lower_case: bool | None = None) -> Converted:
+def load(src: str, fmt: str | None = None, do_lower_case: bool | None = None,
+         casing_from_vocab: bool = False) -> Converted:  # fmt: skip
     """Reads any supported checkpoint into memory (``fmt`` None = detect). ``do_lower_case``
-    is used where the source does not record its casing (TF1; HF without tokenizer_config)."""
+    is used where the source does not record its casing (TF1; HF without tokenizer_config);
+    where neither does, ``casing_from_vocab`` takes the casing its vocab implies
+    (:func:`~bertjax.interop.converted.vocab_casing`), else it is an error."""
     fmt = fmt or detect_format(src)
     if fmt == "hf":
-        return hf.read(src, do_lower_case)
+        return hf.read(src, do_lower_case, casing_from_vocab)
     if fmt == "tf1":
-        return tf1.read(src, do_lower_case)
+        return tf1.read(src, do_lower_case, casing_from_vocab)
     if fmt == "bertjax":
         return native.read_checkpoint(src)
     if fmt == "workdir":

@@ -186,8 +186,9 @@ def _task(values: dict, path: str) -> tuple[dict | None, int]:
     return {"name": name, "head": head, "labels": labels}, len(labels)
 
 
-def read(src: str, do_lower_case: bool | None = None) -> Converted:
-    """A HuggingFace BERT directory -> :class:`Converted`."""
+def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = False) -> Converted:
+    """A HuggingFace BERT directory -> :class:`Converted` (casing: ``tokenizer_config.json``'s,
+    else ``do_lower_case``, else with ``casing_from_vocab`` what the vocab implies)."""
     config_path = os.path.join(src, "config.json")
     values = read_json(config_path)
     cfg = mapping.config_from_json(values, config_path, mapping.HF_ACT)
@@ -211,7 +212,8 @@ def read(src: str, do_lower_case: bool | None = None) -> Converted:
     tok_config = os.path.join(src, "tokenizer_config.json")
     if os.path.exists(tok_config) and "do_lower_case" in read_json(tok_config):
         do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
-    return Converted(params, cfg, vocab_file, require_casing(do_lower_case, src), task)
+    casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
+    return Converted(params, cfg, vocab_file, casing, task)
 
 
 # ---------------------------------------------------------------- writing

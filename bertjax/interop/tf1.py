@@ -5,7 +5,7 @@ A directory with ``bert_config.json``, ``bert_model.ckpt.{index,data-*}`` (or an
 ``hidden_act: gelu`` is the *tanh* approximation (bertjax ``gelu_tanh``). Weights are the
 encoder, pooler, MLM and NSP heads under the original names (``bertjax.interop.mapping``); only
 the optimizer slots ``*/adam_m``, ``*/adam_v`` and ``global_step`` are ignored. The release does
-not record its casing: the caller passes it.
+not record its casing: the caller passes it, or asks for the casing its vocab implies.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def checkpoint_prefix(src: str) -> str:
     return os.path.join(src, indexes[0][: -len(".index")])
 
 
-def read(src: str, do_lower_case: bool | None = None) -> Converted:
-    """Google's original TF1 BERT checkpoint (directory or ckpt prefix) -> :class:`Converted`."""
+def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = False) -> Converted:
+    """Google's original TF1 BERT checkpoint (directory or ckpt prefix) -> :class:`Converted`
+    (casing: ``do_lower_case``, else with ``casing_from_vocab`` what the vocab implies)."""
     from bertjax import startup  # noqa: PLC0415 - TensorFlow is heavy; only TF1 needs it
 
     tf = startup.import_tensorflow()
@@ -66,4 +67,5 @@ def read(src: str, do_lower_case: bool | None = None) -> Converted:
     params = mapping.to_params(tensors, cfg, "tf1", prefix)
     vocab_file = os.path.join(directory, "vocab.txt")
     check_vocab(vocab_file, cfg, prefix, "bert/embeddings/word_embeddings")
-    return Converted(params, cfg, vocab_file, require_casing(do_lower_case, directory))
+    casing = require_casing(do_lower_case, directory, vocab_file if casing_from_vocab else None)
+    return Converted(params, cfg, vocab_file, casing)

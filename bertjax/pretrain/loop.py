@@ -1,13 +1,16 @@
 """The pretraining run, ``train_and_evaluate(config, workdir)``: the host side of pretraining.
 
-A run: check the config and data (``bertjax.pretrain.inputs``) -> build the abstract state, its
-shardings and the jitted steps (``bertjax.pretrain.objective.build_steps``) -> take the workdir
-and restore or initialise the state (``bertjax.training.start``; nothing is written before the
-run is accepted) -> the trainer core's loop (``bertjax.training.loop``: stepping, logging,
-checkpoints, preemption, the non-finite policy) with pretraining's data and evaluation.
+A run: take the architecture, vocab and initial params from ``config.init_checkpoint`` when it is
+set (``bertjax.pretrain.continued``) -> check the config and data (``bertjax.pretrain.inputs``)
+-> build the abstract state, its shardings and the jitted steps
+(``bertjax.pretrain.objective.build_steps``) -> take the workdir and restore or initialise the
+state (``bertjax.training.start``; nothing is written before the run is accepted) -> the trainer
+core's loop (``bertjax.training.loop``: stepping, logging, checkpoints, preemption, the
+non-finite policy) with pretraining's data and evaluation.
 
 - **Restore order**: this workdir's newest verified checkpoint -> ``config.init_checkpoint``
-  (params only) -> fresh init (layout in ``bertjax.training.checkpoint``).
+  (its params, fresh heads where it has none, a fresh optimizer state) -> fresh init (layout in
+  ``bertjax.training.checkpoint``).
 - **Data position**: a checkpoint stores the step, the data stream's signature and the batches
   consumed from it; a resumed run on the same stream continues exactly where it stopped, a run
   whose data changed starts the new stream from its beginning.
@@ -18,10 +21,13 @@ checkpoints, preemption, the non-finite policy) with pretraining's data and eval
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 
+from bertjax.pretrain import continued as continued_lib
 from bertjax.pretrain import inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.pretrain import start as start_lib
@@ -67,18 +73,24 @@ def _report(config, bert_config) -> loop_lib.Report:
     )
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | None = None) -> dict:
     """Pretrains per ``config`` in ``workdir`` (resuming if it holds a checkpoint).
 
-    Returns the final summary dict (last train window and eval values). Raises ValueError for a
-    config that cannot work, FloatingPointError on a non-finite step (unless skipping).
+    ``command_line``: the config keys the command line set (dotted, e.g. ``model.hidden_size``)
+    with their values; with ``config.init_checkpoint`` a model field among them must agree with
+    the checkpoint and a ``data.vocab_file`` is checked against its vocab
+    (``bertjax.pretrain.continued``). Returns the final summary dict (last train window and eval
+    values). Raises ValueError for a config that cannot work, FloatingPointError on a non-finite
+    step (unless skipping).
     """
+    config, continued = continued_lib.resolve(config, command_line or {})
     bert_config = objective_lib.bert_config_from(config)
     mesh = sh.create_mesh(config.mesh.shape)
     inputs.check_config(config, bert_config, mesh, jax.process_count())
     inputs.check_data(config, bert_config)
     steps = objective_lib.build_steps(config, mesh)
-    started = core_start.start(workdir, start_lib.plan(config, steps), steps.trainer)
+    started = core_start.start(workdir, start_lib.plan(config, steps, continued), steps.trainer)
+    del continued  # its host params are on the devices now, or unused by a resumed run
     meta, signature = started.meta, inputs.data_signature(config)
     start_step = int(started.state.step)
     # Data offset: the step at which the current stream started (0 unless the data changed).

@@ -3,8 +3,9 @@
 The order of a start (lease, read-only checks, restore or init, then the record) is the trainer
 core's, ``bertjax.training.start``. What pretraining brings: the run's model, vocab and config for
 the record; the base keys (``split(key(config.seed))`` -> init key, training key); and, when this
-workdir has no checkpoint, ``config.init_checkpoint``'s params (verified; its vocab fingerprint
-against ``config.data.vocab_file``) with a fresh optimizer state.
+workdir has no checkpoint, the params of ``config.init_checkpoint``
+(``bertjax.pretrain.continued``: the subtrees it has; the trainer core draws the others with the
+init key) with a fresh optimizer state.
 """
 
 from __future__ import annotations
@@ -13,41 +14,34 @@ import functools
 
 import jax
 import numpy as np
-from etils import epath
 
+from bertjax.pretrain.continued import Continued
 from bertjax.pretrain.objective import Steps
-from bertjax.training import checkpoint
 from bertjax.training.start import Plan
 
 
-def initial_params(config, steps: Steps):
-    """``config.init_checkpoint``'s params (verified, vocab checked), or None."""
-    if not config.init_checkpoint:
+def initial_params(config, steps: Steps, continued: Continued | None):
+    """``continued``'s params in the run's param dtypes (None without a checkpoint); says which
+    heads were loaded and which initialised, and that the optimizer starts fresh."""
+    if continued is None:
         return None
     abstract = steps.trainer.abstract_state.params
-    params, _, meta = checkpoint.load_params(
-        config.init_checkpoint, scan_layers=config.model.scan_layers
+    params = {
+        name: jax.tree.map(lambda x, a: np.asarray(x, a.dtype), subtree, abstract[name])
+        for name, subtree in continued.params.items()
+    }
+    print(continued.heads_line(steps.bert_config.initializer_range), flush=True)
+    optimizer = config.optimizer
+    print(
+        f"optimizer: a fresh {optimizer.name} state with its own warmup "
+        f"({optimizer.warmup_steps} steps to {optimizer.learning_rate:g}); a checkpoint's "
+        "optimizer state is never read (docs/continued_pretraining.md says why)",
+        flush=True,
     )
-    if set(params) != set(abstract):
-        raise checkpoint.CheckpointError(
-            f"config.init_checkpoint={config.init_checkpoint}: has heads {sorted(params)}, "
-            f"pretraining needs {sorted(abstract)}"
-        )
-    vocab = str(epath.Path(config.init_checkpoint) / checkpoint.VOCAB_FILE)
-    recorded = meta.get("vocab") or checkpoint.vocab_fingerprint(vocab)
-    if not config.train.synthetic_data and not config.allow_vocab_change:
-        checkpoint.compare_vocab(recorded, vocab, config.data.vocab_file, "config.data.vocab_file")
-    rows = params["encoder"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
-    if rows != steps.bert_config.vocab_size:
-        raise checkpoint.CheckpointError(
-            f"config.init_checkpoint={config.init_checkpoint} has a {rows}-entry vocab "
-            f"({vocab}), config.model.vocab_size={steps.bert_config.vocab_size}: sizes differ"
-        )
-    print(f"initialised params from {config.init_checkpoint}", flush=True)
     return params
 
 
-def plan(config, steps: Steps) -> Plan:
+def plan(config, steps: Steps, continued: Continued | None = None) -> Plan:
     init_rng, train_rng = jax.random.split(jax.random.key(config.seed))
     return Plan(
         bert_config=steps.bert_config,
@@ -59,5 +53,5 @@ def plan(config, steps: Steps) -> Plan:
         async_save=bool(config.checkpoint.async_save),
         init_rng=init_rng,
         rng_data=np.asarray(jax.random.key_data(train_rng)),
-        initial_params=functools.partial(initial_params, config, steps),
+        initial_params=functools.partial(initial_params, config, steps, continued),
     )

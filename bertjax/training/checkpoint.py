@@ -6,7 +6,7 @@ that is verified before it is trusted:
 
 1. A **params-only bertjax checkpoint** (what ``python -m bertjax.convert --to=bertjax`` and
    fine-tuning write; what ``config.init_checkpoint``, fine-tuning, feature extraction and
-   ``convert`` read, through :func:`load_params`)::
+   ``convert`` read, through :func:`load_params` and ``bertjax.interop``)::
 
        DIR/bertjax_checkpoint.json   {"format_version": 2, "do_lower_case": bool, "heads": [...],
                                       "vocab": {"entries": N, "sha256": "..."},
@@ -53,7 +53,8 @@ that is verified before it is trusted:
 
    **Restore order** (``bertjax.training.start``): this workdir's newest step
    that verifies (full state, restored straight into the current shardings, any mesh) ->
-   the run's initial params (pretraining: ``config.init_checkpoint`` via :func:`load_params`;
+   the run's initial params (``config.init_checkpoint``, any format ``bertjax.interop`` reads;
+   pretraining: its subtrees plus fresh heads where it has none, ``bertjax.pretrain.continued``;
    fine-tuning: the pretrained checkpoint plus fresh heads; a fresh optimizer state) -> fresh
    initialisation. Vocab fingerprints are compared at every one of these (a differing
    size or content is an error unless ``config.allow_vocab_change``).

@@ -52,17 +52,20 @@ def state_shardings(objective: Objective, tx, mesh: Mesh, rules):
 
 
 def init_state(objective: Objective, tx, shardings: TrainState, rng, params=None) -> TrainState:
-    """Materialises the state straight into ``shardings``: fresh params from ``rng``, or the
-    given host ``params`` (a checkpoint's), with a fresh optimizer state."""
+    """Materialises the state straight into ``shardings``, with a fresh optimizer state.
+
+    ``params``: None for fresh params from ``rng``; or host params (a checkpoint's) for some or
+    all of the top-level subtrees (``encoder``, heads), the others fresh from ``rng`` exactly as
+    a from-scratch run with ``rng`` would draw them (a checkpoint without pretraining heads)."""
 
     def init(rng, params):
-        if params is None:
-            params = nn.unbox(objective.init(rng))
+        if params is None or set(params) != set(shardings.params):
+            params = {**nn.unbox(objective.init(rng)), **(params or {})}
         zero = jnp.zeros((), jnp.int32)
         return TrainState(zero, params, tx.init(params), zero)
 
     if params is not None:
-        params = jax.tree.map(sh.put_global, params, shardings.params)
+        params = {k: jax.tree.map(sh.put_global, v, shardings.params[k]) for k, v in params.items()}
     return jax.jit(init, out_shardings=shardings)(rng, params)
 
 

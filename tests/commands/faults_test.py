@@ -6,8 +6,8 @@ every 2) and checks what the run does and what the workdir holds afterwards:
 1. a second run on a live workdir is refused naming the holder; a dead holder is taken over;
 2. a damaged or incomplete latest checkpoint is named and skipped, the run resumes from the
    newest step that verifies and ends bit-identical to an uninterrupted run; convert too;
-3. an init_checkpoint whose vocab differs from the data's in size or content is refused naming
-   both files, unless config.allow_vocab_change;
+3. a --config.data.vocab_file that differs from the init_checkpoint's vocab in size or content
+   is refused naming both files, unless config.allow_vocab_change;
 4. a rejected resume (another model) leaves the workdir byte-identical;
 5. a full disk stops the run with one line; the last complete checkpoint resumes bit-identical;
 6. SIGINT saves and exits 0 as SIGTERM does; SIGTERM during start-up is one line;
@@ -155,17 +155,20 @@ def _params_checkpoint(reference, tmp_path, vocab_lines, name):
 def test_3_init_checkpoint_vocab_must_be_the_datas(env, reference, tmp_path):
     lines = open(bundled.VOCAB).read().splitlines()
     small = _params_checkpoint(reference, tmp_path, lines[:1000], "small")
-    line = _one_line_error(_run(env, tmp_path / "a", f"--config.init_checkpoint={small}"))
-    assert f"has a 1000-entry vocab ({small}/vocab.txt)" in line or "sizes differ" in line
+    vocab = f"--config.data.vocab_file={bundled.VOCAB}"  # else the checkpoint's vocab is used
+    line = _one_line_error(_run(env, tmp_path / "a", f"--config.init_checkpoint={small}", vocab))
+    assert "sizes differ" in line
     assert "1000" in line and "7633" in line and str(small) in line
     shuffled = _params_checkpoint(reference, tmp_path, [*lines[:5], *lines[6:], lines[5]], "shuf")
-    line = _one_line_error(_run(env, tmp_path / "b", f"--config.init_checkpoint={shuffled}"))
+    line = _one_line_error(_run(env, tmp_path / "b", f"--config.init_checkpoint={shuffled}", vocab))
     assert f"{shuffled}/vocab.txt" in line and bundled.VOCAB in line
     assert "same size (7633 entries), different content" in line
     assert not (tmp_path / "b").exists()  # refused before anything was written
-    result = _run(env, tmp_path / "c", f"--config.init_checkpoint={shuffled}",
+    result = _run(env, tmp_path / "c", f"--config.init_checkpoint={shuffled}", vocab,
                   "--config.allow_vocab_change=True")  # fmt: skip
-    assert result.returncode == 0 and f"initialised params from {shuffled}" in result.stdout
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = f"init_checkpoint {shuffled} (bertjax): loaded encoder, pooler, mlm, nsp"
+    assert loaded in result.stdout
 
 
 def test_4_rejected_resume_leaves_the_workdir_byte_identical(env, reference, tmp_path):

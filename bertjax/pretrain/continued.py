@@ -1,0 +1,159 @@
+"""Continued pretraining: the run that ``config.init_checkpoint`` implies, and its initial params.
+
+``config.init_checkpoint`` is any checkpoint ``bertjax.interop.formats`` reads: a bertjax
+params-only checkpoint or training workdir (its newest verified step), a HuggingFace
+``BertModel`` or ``BertForPreTraining`` directory, or Google's TF1 release. It is read once,
+before anything is built, and :func:`resolve` makes the run config from it:
+
+* **Architecture**: the checkpoint's :data:`ARCHITECTURE` fields replace ``config.model``'s. A
+  field the command line set (``command_line``: the dotted keys the command's flags set, with
+  their values) that disagrees with the checkpoint is an error naming both values. Dropout rates,
+  the attention mask (``model.attention``: the left-to-right ablation is a way to train) and the
+  runtime fields (dtypes, layout, remat, kernel) stay the config's.
+* **Vocab and casing**: the checkpoint's, unless the command line sets ``data.vocab_file``: that
+  must be the checkpoint's vocab by fingerprint (``bertjax.training.checkpoint.compare_vocab``;
+  ``config.allow_vocab_change`` accepts a deliberate change). A ``data.do_lower_case`` set on the
+  command line must agree with a casing the checkpoint records; a checkpoint that records none
+  (TF1; HF without ``tokenizer_config.json``) takes it, else the casing its vocab implies
+  (``bertjax.interop.converted.vocab_casing``).
+* ``data.max_seq_length`` beyond the checkpoint's ``max_position_embeddings`` is an error.
+
+**Heads** (:class:`Continued`): the checkpoint's ``encoder``, ``pooler``, ``mlm`` and ``nsp``
+subtrees are the run's initial params. Those it lacks (a ``BertModel`` has no ``mlm`` or ``nsp``)
+are drawn by the model's own init with the run's init key, which is the original's
+(``run_pretraining.py``: truncated normal(0, initializer_range) kernels, zero biases and output
+bias, unit LayerNorm scales; ``bertjax.training.compiled.init_state``). Other subtrees (a
+fine-tuned classifier) are not used.
+
+**Optimizer**: always a fresh state with the config's own warmup. HF releases carry no optimizer
+state, and what Google's TF1 release and a bertjax workdir carry belongs to another run's
+schedule and data. A fresh Adam's first updates move every weight by about the learning rate
+whatever its gradient (m / sqrt(v) starts at sign(g); without bias correction at 3.2 sign(g)),
+which would throw pretrained weights off before the moments settle: the warmup keeps those
+updates small. (Continuing a bertjax run with its optimizer state is resuming it: rerun with its
+workdir.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from bertjax.interop import formats
+from bertjax.interop.converted import Converted
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import stack_layers
+from bertjax.training import checkpoint
+
+# The BertConfig fields a checkpoint decides: what function its weights compute, and how the
+# original would initialise the heads it lacks.
+ARCHITECTURE = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_act",
+    "layer_norm_eps",
+    "initializer_range",
+)
+# BertForPreTraining's top-level subtrees (bertjax.model.heads), in the order they are named.
+SUBTREES = ("encoder", "pooler", "mlm", "nsp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Continued:
+    """What a run continued from ``source`` starts with when its workdir holds no checkpoint."""
+
+    source: str  # config.init_checkpoint
+    format: str  # bertjax.interop.formats.SOURCES
+    params: dict  # numpy subtrees of SUBTREES the checkpoint has, in the run's layer layout
+    unused: tuple[str, ...]  # the checkpoint's other subtrees (a fine-tuned head)
+
+    @property
+    def fresh(self) -> tuple[str, ...]:
+        return tuple(name for name in SUBTREES if name not in self.params)
+
+    def heads_line(self, initializer_range: float) -> str:
+        loaded = ", ".join(name for name in SUBTREES if name in self.params)
+        line = f"init_checkpoint {self.source} ({self.format}): loaded {loaded}; "
+        if self.fresh:
+            line += (
+                f"initialised {', '.join(self.fresh)} as the original does (truncated "
+                f"normal(0, {initializer_range:g}) kernels, zero biases, unit LayerNorm scales)"
+            )
+        else:
+            line += "initialised none"
+        return line + (f"; not used: {', '.join(self.unused)}" if self.unused else "")
+
+
+def resolve(config, command_line: Mapping[str, Any]):
+    """-> (the run config, :class:`Continued` or None): ``config`` itself and None when
+    ``config.init_checkpoint`` is empty. Raises ValueError (one line naming the field and both
+    values) as the module docstring says; ``bertjax.interop``'s ConvertError for a checkpoint it
+    cannot read."""
+    if not config.init_checkpoint:
+        return config, None
+    source = str(config.init_checkpoint)
+    fmt = formats.detect_format(source)
+    given_lower = command_line.get("data.do_lower_case")
+    conv = formats.load(source, fmt, do_lower_case=given_lower, casing_from_vocab=True)
+    run = config.copy_and_resolve_references()
+    changes = _take_architecture(run, conv.config, source, command_line)
+    _take_vocab(run, conv, source, command_line)
+    length = int(run.data.max_seq_length)
+    if length > conv.config.max_position_embeddings:
+        raise ValueError(
+            f"config.data.max_seq_length={length} exceeds the max_position_embeddings="
+            f"{conv.config.max_position_embeddings} of {source}"
+        )
+    casing = "lower-cased" if run.data.do_lower_case else "cased"
+    print(
+        f"init_checkpoint {source} ({fmt}): its architecture replaces config.model's "
+        f"({', '.join(changes) or 'no change'}); vocab {run.data.vocab_file} "
+        f"({conv.config.vocab_size} entries, {casing})",
+        flush=True,
+    )
+    params = {name: conv.params[name] for name in SUBTREES if name in conv.params}
+    if run.model.scan_layers:
+        params["encoder"] = stack_layers(params["encoder"], conv.config.num_layers)
+    unused = tuple(sorted(set(conv.params) - set(SUBTREES)))
+    return run.lock(), Continued(source, fmt, params, unused)
+
+
+def _take_architecture(run, found: BertConfig, source: str, command_line) -> list[str]:
+    """Sets ``run.model``'s :data:`ARCHITECTURE` to ``found``'s; returns the changes made."""
+    changes = []
+    for field in ARCHITECTURE:
+        value, key = getattr(found, field), f"model.{field}"
+        if key in command_line and command_line[key] != value:
+            raise ValueError(
+                f"--config.{key}={command_line[key]} disagrees with config.init_checkpoint="
+                f"{source}, whose {field} is {value} (the architecture comes from the "
+                "checkpoint; drop the flag)"
+            )
+        if run.model[field] != value:
+            changes.append(f"{field} {run.model[field]} -> {value}")
+            run.model[field] = value
+    return changes
+
+
+def _take_vocab(run, conv: Converted, source: str, command_line) -> None:
+    """Sets ``run.data``'s vocab file and casing: the checkpoint's, or checked against it."""
+    given_lower = command_line.get("data.do_lower_case")
+    if given_lower is not None and bool(given_lower) != conv.do_lower_case:
+        kind = "lower-cased" if conv.do_lower_case else "cased"
+        raise ValueError(
+            f"--config.data.do_lower_case={given_lower} disagrees with config.init_checkpoint="
+            f"{source}, which is {kind}"
+        )
+    run.data.do_lower_case = conv.do_lower_case
+    given_vocab = command_line.get("data.vocab_file")
+    if given_vocab is None:
+        run.data.vocab_file = conv.vocab_file
+    elif not run.allow_vocab_change and not run.train.synthetic_data:
+        recorded = checkpoint.vocab_fingerprint(conv.vocab_file)
+        checkpoint.compare_vocab(recorded, conv.vocab_file, given_vocab, "config.data.vocab_file")
