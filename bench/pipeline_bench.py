@@ -175,7 +175,7 @@ ROWS = (
         *_TOKENIZER_RATES,
     ),
     (
-        "`bertjax.tokenization` alone in tf.data",
+        "`bertjax.data.tokenization` alone in tf.data",
         "tok",
         *_TOKENIZER_RATES,
     ),

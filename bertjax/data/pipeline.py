@@ -20,7 +20,7 @@ With ``data.objective == "ltr"`` (left-to-right ablation) inputs are not masked 
 ``P == L``: position ``i`` predicts token ``i + 1`` (weight 1 where that token is real).
 
 Sources (``data.source``): ``"text"`` files / ``"tfds"`` documents are tokenized **once** into an
-instance table (unmasked A/B rows, see ``pretraining_data``) cached under ``data.cache_dir``,
+instance table (unmasked A/B rows, see ``bertjax.data.sources``) cached under ``data.cache_dir``,
 identical on every host; ``"tfrecord"`` reads pre-masked TFRecords.
 
 Determinism and resume (text/tfds): the stream is a pure function of ``(seed, position)``.

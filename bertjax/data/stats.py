@@ -38,7 +38,8 @@ class Accumulator:
         self.histogram = np.zeros(_NUM_BINS, dtype=np.int64)
 
     def add(self, batch: dict, original_ids=None, truncated=None) -> None:
-        """``batch``: input_pipeline features; ``original_ids <int32>[B, L]`` before masking."""
+        """``batch``: the batch contract's features (``bertjax.data.pipeline``);
+        ``original_ids <int32>[B, L]``: the ids before masking."""
         rows = np.asarray(batch.get("example_weight", np.ones(len(batch["input_ids"])))) > 0
         ids = np.asarray(batch["input_ids"])[rows]
         input_mask = np.asarray(batch["input_mask"])[rows]

@@ -27,7 +27,7 @@ Input strings must be valid UTF-8 (``bertjax.vocab`` and the data pipeline check
 The reference's character classes come from older Unicode tables than TensorFlow's RE2/ICU
 (newer marks are not stripped nor newer punctuation split, some case mappings and
 decompositions differ, final sigma is not special), so the classes are measured from the
-reference in ``bertjax/unicode_tables.py``; tests check every code point in both modes.
+reference in ``bertjax/data/unicode_tables.py``; tests check every code point in both modes.
 """
 
 from __future__ import annotations
@@ -154,9 +154,6 @@ class _SpecialTokensMixin:
     @property
     def special_ids(self) -> set[int]:
         return set(self._special.values())
-
-    def is_special_id(self, token_id: int) -> bool:
-        return int(token_id) in self._special.values()
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.vocab[int(i)] for i in ids]

@@ -225,7 +225,7 @@ def _valid_record(r: int) -> bytes:
         "masked_lm_weights": np.array([[1.0, 0.0]]),
         "next_sentence_labels": np.array([r % 2]),
     }
-    return tfrecords.serialize(features, 0)
+    return tfrecords.serialize_rows(features)[0]
 
 
 def _feature(kind: str, length: int) -> tf.train.Feature:

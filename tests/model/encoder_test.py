@@ -64,7 +64,7 @@ def test_param_counts_equal_hf():
 
 
 def _golden_tree(cfg: BertConfig, scanned: bool) -> dict[str, tuple[tuple, tuple]]:
-    """The layout documented in model.py's docstring: path -> (shape, logical axes)."""
+    """The layout documented in encoder.py's docstring: path -> (shape, logical axes)."""
     v, h, n, f = cfg.vocab_size, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size
     d, p, t = h // n, cfg.max_position_embeddings, cfg.type_vocab_size
     golden = {

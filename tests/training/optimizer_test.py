@@ -1,4 +1,4 @@
-"""bertjax.optimizer vs a direct numpy transcription of google-research/bert optimization.py."""
+"""bertjax.training.optimizer vs a numpy transcription of google-research/bert's optimization.py."""
 
 import re
 
