@@ -29,12 +29,13 @@ written, see tests/gcs/emulator_test.py):
   checked when the upload starts (GCS checks it again when it completes).
 
 **Faults** (``DIR/faults.json``, re-read when it changes): ``[{"match": REGEX, "fault": F,
-"share": 0..1, "count": N, "seconds": S}, ...]``; the first rule whose ``match`` finds
-``"METHOD HOST/PATH?QUERY"`` and whose dice (``share``, seeded) fall applies, at most ``count``
-times. F is ``503`` / ``429`` / ``403`` / ``404`` (answered without forwarding), ``reset`` (the
-connection is reset before the request is forwarded), ``reset_after`` (forwarded, then the answer
-is lost to a reset), ``slow`` (answered after ``seconds``) or ``hold`` (not forwarded until the
-client's connection closes, e.g. a ``kill -9`` of the client, or ``seconds`` pass).
+"share": 0..1, "skip": K, "count": N, "seconds": S}, ...]``; the first rule whose ``match``
+finds ``"METHOD HOST/PATH?QUERY"`` (after its first ``skip`` matches) and whose dice (``share``,
+seeded) fall applies, at most ``count`` times. F is ``503`` / ``429`` / ``403`` / ``404``
+(answered without forwarding), ``reset`` (the connection is reset before the request is
+forwarded), ``reset_after`` (forwarded, then the answer is lost to a reset), ``slow`` (answered
+after ``seconds``) or ``hold`` (not forwarded until the client's connection closes, e.g. a
+``kill -9`` of the client, or ``seconds`` pass).
 
 **Request log** (``DIR/requests.jsonl``): one JSON line per request with its method, host, path,
 query, status, fault, ``in`` (request body bytes) and ``out`` (response body bytes served).
@@ -120,7 +121,7 @@ class Faults:
     """The rules of ``faults.json``, re-read when the file changes."""
 
     def __init__(self, path: str):
-        self.path, self._stamp, self._rules, self._used = path, None, [], []
+        self.path, self._stamp, self._rules, self._used, self._seen = path, None, [], [], []
         self._lock, self._dice = threading.Lock(), random.Random(0)
 
     def pick(self, what: str) -> dict | None:
@@ -129,7 +130,8 @@ class Faults:
             for i, rule in enumerate(self._rules):
                 if not re.search(rule["match"], what):
                     continue
-                if self._used[i] >= rule.get("count", 1 << 62):
+                self._seen[i] += 1
+                if self._seen[i] <= rule.get("skip", 0) or self._used[i] >= rule.get("count", 1e18):
                     continue
                 if self._dice.random() < rule.get("share", 1.0):
                     self._used[i] += 1
@@ -145,7 +147,8 @@ class Faults:
         if stamp != self._stamp:
             with open(self.path) if stamp else open(os.devnull) as f:
                 self._rules = json.loads(f.read() or "[]")
-            self._used, self._stamp, self._dice = [0] * len(self._rules), stamp, random.Random(0)
+            self._used, self._seen = [0] * len(self._rules), [0] * len(self._rules)
+            self._stamp, self._dice = stamp, random.Random(0)
 
 
 class Log:
