@@ -27,6 +27,11 @@ written, see tests/gcs/emulator_test.py):
   and answers 412 as GCS does; conditional requests pass one at a time (a lock), so that the
   check and the forwarded request are atomic among them. A resumable upload's condition is
   checked when the upload starts (GCS checks it again when it completes).
+- The emulator takes a resumable upload's *status query* (a PUT with no body and
+  ``Content-Range: bytes */N``, which TensorFlow sends after a failed PUT to learn how much
+  arrived) for its last chunk and finishes the object empty: a 503 became an empty file that
+  read back as ``''``. GCS answers 308 with the bytes it holds; the front does (it forwards
+  each PUT whole, so the emulator holds all of an upload or none of it).
 
 **Faults** (``DIR/faults.json``, re-read when it changes): ``[{"match": REGEX, "fault": F,
 "share": 0..1, "skip": K, "count": N, "seconds": S}, ...]``; the first rule whose ``match``
@@ -175,6 +180,7 @@ class Front(http.server.ThreadingHTTPServer):
         self.faults = Faults(os.path.join(directory, "faults.json"))
         self.log = Log(os.path.join(directory, "requests.jsonl"))
         self.conditional = threading.Lock()
+        self.finished_uploads: set[str] = set()  # resumable upload ids the emulator completed
 
     def handle_error(self, request, client_address) -> None:
         error = sys.exc_info()[1]
@@ -210,12 +216,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
             entry["fault"] = rule["fault"]
             if not self._fault(rule, entry):
                 return
+        upload = _resumable_upload(self.command, url, self.headers, body)
         with self.server.conditional if _conditions(url.query) else _NO_LOCK:
             refused = self._precondition_failed(url)
             if refused:
                 entry["status"] = self._answer(412, refused)
+            elif upload and upload["status_query"]:
+                entry["status"], entry["out"] = self._upload_status(upload)
             else:
                 entry["status"], entry["out"] = self._forward(body)
+                if upload and entry["status"] in (200, 201):
+                    self.server.finished_uploads.add(upload["id"])
         entry["ms"] = round(1000 * (time.time() - started), 1)
         self.server.log.write(**entry)
         if rule is not None and rule["fault"] == "reset_after":
@@ -316,6 +327,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         return response.status, sent
 
+    def _upload_status(self, upload: dict) -> tuple[int, int]:
+        """Gap 3: the answer GCS gives to a resumable upload's status query -> (status, bytes).
+
+        The front forwards each PUT whole, so the emulator holds either all of an upload (its
+        object: 200) or none of it (308 without a Range header: resume from byte 0)."""
+        if upload["id"] not in self.server.finished_uploads:
+            self.send_response(308)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return 308, 0
+        connection = self._backend()
+        connection.request("GET", f"/storage/v1/b/{upload['bucket']}/o/{upload['name']}")
+        response = connection.getresponse()
+        data = response.read()
+        self.send_response(response.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return response.status, len(data)
+
     def _backend(self) -> http.client.HTTPConnection:
         if not hasattr(self, "_connection"):
             self._connection = http.client.HTTPConnection("127.0.0.1", EMULATOR_PORT)
@@ -360,6 +392,20 @@ class _NoLock:
 
 
 _NO_LOCK = _NoLock()
+
+
+def _resumable_upload(method: str, url, headers, body: bytes) -> dict | None:
+    """A PUT to a resumable upload session -> its id, bucket, object name and whether it is a
+    status query (no body, ``Content-Range: bytes */N`` with N > 0; N = 0 finishes an empty
+    upload); None for any other request."""
+    query = dict(urllib.parse.parse_qsl(url.query))
+    bucket = re.fullmatch(r"/upload/storage/v1/b/([^/]+)/o", url.path)
+    if method != "PUT" or "upload_id" not in query or not bucket or "name" not in query:
+        return None
+    total = re.fullmatch(r"bytes \*/(\d+)", headers.get("Content-Range", ""))
+    return dict(id=query["upload_id"], bucket=bucket[1],
+                name=urllib.parse.quote(query["name"], safe=""),
+                status_query=not body and total is not None and int(total[1]) > 0)  # fmt: skip
 
 
 def _conditions(query: str) -> bool:
