@@ -1,6 +1,6 @@
 """Fixtures of the GCS tests: ``gcs``, one hermetic Cloud Storage per test session
-(``tests/gcs/emulator.py``), and ``gcs_data``, a corpus, its vocab and its pretraining TFRecords
-on it.
+(``tests/gcs/emulator.py``), and ``gcs_data``, a corpus, its vocab, its pretraining TFRecords and
+a tiny model's params-only checkpoint on it.
 
 Every test here uses ``gcs``, skipped with a one-line reason where the namespace cannot be made
 (not root, or ``unshare`` refused). Each module marks itself ``xdist_group("gcs")``: one
@@ -16,6 +16,7 @@ import pytest
 
 from bertjax.data import bundled
 from tests.gcs.emulator import Emulator, Unavailable
+from tests.pretrain.step_test import TINY_MODEL
 
 REPO = pathlib.Path(__file__).parents[2]
 DATA_BUCKET = "bertjax-data"
@@ -34,6 +35,22 @@ def gcs(tmp_path_factory):
     emulator.stop()
 
 
+PARAMS_CHECKPOINT = """  # gs:// destination, its vocab, the model's sizes
+import sys
+import bertjax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import BertForPreTraining
+from bertjax.training import checkpoint
+config = BertConfig(vocab_size=7633, **eval(sys.argv[3]))
+ids, positions = jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 2), jnp.int32)
+params = BertForPreTraining(config).init({"params": jax.random.key(7)}, ids, ids, ids, positions)
+checkpoint.save_params(sys.argv[1], nn.unbox(params["params"]), config, sys.argv[2], True)
+"""
+
+
 @dataclasses.dataclass(frozen=True)
 class Data:
     local_corpus: pathlib.Path
@@ -41,6 +58,7 @@ class Data:
     vocab: str  # gs://
     tfrecords: str  # gs:// glob of create_pretraining_data's shards
     created: str  # create_pretraining_data's stdout
+    params: str  # gs:// params-only checkpoint: main_test's tiny model, freshly initialised
 
 
 def upload(gcs: Emulator, pairs: dict[str, str]) -> None:
@@ -73,5 +91,6 @@ def gcs_data(gcs, tmp_path_factory) -> Data:
         cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    gcs.python(PARAMS_CHECKPOINT, f"{base}/params", f"{base}/vocab.txt", repr(TINY_MODEL), cwd=REPO)
     return Data(corpus, f"{base}/corpus.txt", f"{base}/vocab.txt",
-                f"{base}/tfrecords/train.tfrecord-*", result.stdout)  # fmt: skip
+                f"{base}/tfrecords/train.tfrecord-*", result.stdout, f"{base}/params")  # fmt: skip

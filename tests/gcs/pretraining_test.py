@@ -30,7 +30,6 @@ import pytest
 from tests.commands.faults_test import _one_line_error, _until_step
 from tests.commands.main_test import NUM_STEPS, _overrides, env
 from tests.gcs.conftest import REPO
-from tests.pretrain.step_test import TINY_MODEL
 
 pytestmark = pytest.mark.xdist_group("gcs")
 __all__ = ["env"]  # main_test's fixture, instantiated for this module
@@ -51,21 +50,6 @@ def flat(tree, prefix=""):
 
 got, want = (dict(flat(workdir.latest_params(p, log=lambda _: None)[0])) for p in sys.argv[1:3])
 print(json.dumps(sorted(k for k in want if k not in got or not np.array_equal(got[k], want[k]))))
-"""
-
-INIT_CHECKPOINT = """
-import sys
-import bertjax
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-from bertjax.model.config import BertConfig
-from bertjax.model.heads import BertForPreTraining
-from bertjax.training import checkpoint
-config = BertConfig(vocab_size=7633, **eval(sys.argv[3]))
-ids, positions = jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 2), jnp.int32)
-params = BertForPreTraining(config).init({"params": jax.random.key(7)}, ids, ids, ids, positions)
-checkpoint.save_params(sys.argv[1], nn.unbox(params["params"]), config, sys.argv[2], True)
 """
 
 OBJECTS = """
@@ -117,9 +101,7 @@ def runs(gcs, gcs_data, env):
         f"    config.data.vocab_file = {gcs_data.vocab!r}\n"
         "    return config\n"
     )
-    init = f"gs://{WORK}/init"
-    gcs.python(INIT_CHECKPOINT, init, gcs_data.vocab, repr(TINY_MODEL), cwd=REPO)
-    return Runs(gcs, env, config, init)
+    return Runs(gcs, env, config, gcs_data.params)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +133,7 @@ def _media_reads(requests, prefix: str) -> dict[str, int]:
 
 def test_a_gcs_run_trains_checkpoints_and_writes_tensorboard(runs, reference):
     workdir, stdout, requests = reference
-    assert f"initialised params from gs://{WORK}/init\n" in stdout
+    assert f"initialised params from {runs.overrides[-1].split('=', 1)[1]}\n" in stdout
     assert len([line for line in stdout.splitlines() if line.startswith("step ")]) == NUM_STEPS
     assert f"eval step {NUM_STEPS} mlm_loss" in stdout and "final summary:" in stdout
     names = runs.objects(f"{workdir}/")
