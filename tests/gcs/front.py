@@ -29,9 +29,9 @@ written, see tests/gcs/emulator_test.py):
 finds ``"METHOD HOST/PATH?QUERY"`` (after its first ``skip`` matches) and whose dice (``share``,
 seeded) fall applies, at most ``count`` times. F is ``503`` / ``429`` / ``403`` / ``404``
 (answered without forwarding), ``reset`` (the connection is reset before the request is
-forwarded), ``reset_after`` (forwarded, then the answer is lost to a reset), ``slow`` (answered
-after ``seconds``) or ``hold`` (not forwarded until the client's connection closes, e.g. a
-``kill -9`` of the client, or ``seconds`` pass).
+forwarded), ``reset_after`` (forwarded and applied, the answer dropped, then a reset: the
+client cannot know it landed), ``slow`` (answered after ``seconds``) or ``hold`` (not forwarded
+until the client's connection closes, e.g. a ``kill -9`` of the client, or ``seconds`` pass).
 
 **Request log** (``DIR/requests.jsonl``): one JSON line per request with its method, host, path,
 query, status, fault, ``in`` (request body bytes) and ``out`` (response body bytes served).
@@ -159,6 +159,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             entry["fault"] = rule["fault"]
             if not self._fault(rule, entry):
                 return
+        lost = rule is not None and rule["fault"] == "reset_after"
+        if lost:  # the request is applied, its answer dropped, then the connection reset
+            self.wfile = open(os.devnull, "wb")  # noqa: SIM115 - _reset replaces it
         upload = _resumable_upload(self.command, url, self.headers, body)
         with self.server.conditional if _conditions(url.query) else _NO_LOCK:
             refused = self._precondition_failed(url)
@@ -171,8 +174,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if upload and entry["status"] in (200, 201):
                     self.server.finished_uploads.add(upload["id"])
         entry["ms"] = round(1000 * (time.time() - started), 1)
+        entry["out"] = 0 if lost else entry["out"]
         self.server.log.write(**entry)
-        if rule is not None and rule["fault"] == "reset_after":
+        if lost:
             self._reset()
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _proxy
