@@ -22,6 +22,11 @@ not valid Python, raises ValueError or TypeError in ``get_config``, or gets an o
 it does not have (with ml_collections' "did you mean"). Any other exception is a bug and keeps its
 traceback.
 
+Storage clients' errors count as OSError does (a ``gs://`` object or bucket that is missing or
+forbidden, missing credentials, retries spent: TensorFlow's file system, google-cloud-storage,
+google-auth; :func:`_storage_errors`), printed whole on one line, since TensorFlow names the
+path on the message's last line.
+
 ``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
 
 Signals: SIGTERM stops a command with one line (exit 1) wherever it is, unless the command has
@@ -75,10 +80,15 @@ def call(
     _stop_on_sigterm()
     try:
         return main(flag_values) or 0
-    except (*errors, OSError) as e:  # OSError: a missing file, a full disk, a permission
-        if os.environ.get(TRACEBACK_ENV) == "1":
+    except Exception as e:
+        storage = _storage_errors()
+        # OSError: a missing file, a full disk, a permission; storage errors likewise.
+        if not isinstance(e, (*errors, OSError, *storage)) or os.environ.get(TRACEBACK_ENV) == "1":
             raise
-        message = (str(e).splitlines() or [type(e).__name__])[0]
+        if isinstance(e, storage):  # TensorFlow's name the gs:// path on a later line
+            message = " ".join(str(e).split()) or type(e).__name__
+        else:
+            message = (str(e).splitlines() or [type(e).__name__])[0]
         print(f"{prefix}error: {message}", file=sys.stderr, flush=True)
         return 1
     except Stopped as e:
@@ -89,6 +99,23 @@ def call(
             raise
         print(f"{prefix}{e or 'interrupted (SIGINT)'}", file=sys.stderr, flush=True)
         return 130
+
+
+def _storage_errors() -> tuple[type[Exception], ...]:
+    """What the storage clients a command has loaded raise for a path the user must fix, like
+    OSError (a missing or forbidden ``gs://`` object or bucket, no credentials, retries spent):
+    TensorFlow's file-system errors, google-cloud-storage's HTTP errors, google-auth's."""
+    found = []
+    tf_errors = sys.modules.get("tensorflow.python.framework.errors_impl")
+    if tf_errors is not None:
+        found += [getattr(tf_errors, f"{name}Error") for name in (
+            "NotFound", "PermissionDenied", "Unauthenticated", "Unavailable", "Aborted",
+            "DeadlineExceeded", "ResourceExhausted")]  # fmt: skip
+    if (api := sys.modules.get("google.api_core.exceptions")) is not None:
+        found.append(api.GoogleAPICallError)
+    if (auth := sys.modules.get("google.auth.exceptions")) is not None:
+        found.append(auth.GoogleAuthError)
+    return tuple(found)
 
 
 _REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words

@@ -91,12 +91,13 @@ def data_config_from_flags(values):
 
 def run(values) -> int:
     """The command on parsed flag ``values``; bad input raises ValueError (DataError)."""
-    from bertjax.data import offline, stats  # TensorFlow: after the flags parsed
+    from bertjax.data import offline, sources, stats  # TensorFlow: after the flags parsed
 
     data_config = data_config_from_flags(values)
     paths = offline.output_paths(values.output_file, values.num_output_shards)
     for directory in {os.path.dirname(p) for p in paths if os.path.dirname(p)}:
-        os.makedirs(directory, exist_ok=True)
+        if sources.is_local(directory):  # a gs:// "directory" is a prefix: nothing to create
+            os.makedirs(directory, exist_ok=True)
     if values.num_workers < 1 or values.work_unit_bytes < 1:
         raise ValueError("--num_workers and --work_unit_bytes must be >= 1")
     summary = offline.write_tfrecords(

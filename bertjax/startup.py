@@ -10,6 +10,9 @@ every variable it sets is left alone when the user has set it:
 * ``TF_CPP_MIN_LOG_LEVEL=3``: TensorFlow only runs the host input pipeline; its C++ INFO, WARNING
   and ERROR lines (``cuInit`` failures on CPU machines, CPU-feature notices) are not for users.
   Python exceptions still carry TensorFlow's errors.
+* ``GCS_STAT_CACHE_MAX_AGE=0``: TensorFlow's ``gs://`` filesystem otherwise answers metadata
+  queries from a 5 s cache, so a checkpoint step deleted a moment ago still "exists" and orbax
+  refuses to save it again (``tests/gcs/``). Each stat is then one request, at checkpoints only.
 
 TensorFlow's CUDA-enabled wheel also prints a few lines before its logging is initialised, which
 no variable silences; :func:`import_tensorflow` imports it with those lines filtered out at the
@@ -50,6 +53,7 @@ def set_platform_defaults() -> None:
     if "JAX_PLATFORMS" not in os.environ and not has_accelerator_devices():
         os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("GCS_STAT_CACHE_MAX_AGE", "0")
 
 
 def import_tensorflow():

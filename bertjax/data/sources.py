@@ -63,6 +63,16 @@ def open_file(path: str, mode: str = "rb"):
     return tf.io.gfile.GFile(path, mode)
 
 
+def _size_and_mtime(path: str) -> tuple[int, float]:
+    """What identifies a file's version in the cache key: its size and modification time."""
+    if is_local(path):
+        return os.path.getsize(path), os.path.getmtime(path)
+    import tensorflow as tf
+
+    stat = tf.io.gfile.stat(path)  # one metadata request on gs://
+    return stat.length, stat.mtime_nsec / 1e9
+
+
 def _glob(pattern: str) -> list[str]:
     if is_local(pattern):
         return [f for f in glob.glob(pattern) if os.path.isfile(f)]
@@ -157,14 +167,13 @@ def _fingerprint(data_config, split: str, seed: int) -> str:
     else:
         field = "input_files" if split == "train" else "eval_input_files"
         files = resolve_files(getattr(data_config, field), field)
-        inputs = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]
+        inputs = [(f, *_size_and_mtime(f)) for f in files]
     vocab = data_config.vocab_file
     key = [
         _FORMAT_VERSION,
         inputs,
         vocab,
-        os.path.getsize(vocab),
-        os.path.getmtime(vocab),
+        *_size_and_mtime(vocab),
         data_config.tokenizer,
         data_config.do_lower_case,
         data_config.max_seq_length,

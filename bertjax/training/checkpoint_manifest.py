@@ -6,20 +6,30 @@ it::
     {"format_version": 1, "checksum": "crc32c",
      "files": [{"path": "state/_METADATA", "size": 476, "checksum": "8f3c1b2a"}, ...]}
 
-``checksum`` names the algorithm: ``crc32c`` (google-crc32c, when installed: the checksum GCS
-keeps for every object, and over a 1 GiB file read in 4 MiB chunks on a 2-core Xeon 4.6-5.1 GB/s
-against zlib.crc32's 2.5-2.9 GB/s from the page cache; both near the disk's speed cold; see
-docs/benchmarks.md) or ``crc32`` (zlib, always there). Values are 8 lowercase hex digits. The
-manifest is written atomically (``bertjax.atomic``: temporary name + rename locally; one object
-write on GCS) and last, so it is bertjax's own commit marker: a step without one is an
+``checksum`` names the algorithm: ``crc32c`` (the checksum GCS keeps for every object; on local
+disks computed with google-crc32c, when installed: over a 1 GiB file read in 4 MiB chunks on a
+2-core Xeon 4.6-5.1 GB/s against zlib.crc32's 2.5-2.9 GB/s from the page cache; both near the
+disk's speed cold; see docs/benchmarks.md) or ``crc32`` (zlib, always there). Values are 8
+lowercase hex digits. The manifest is written atomically (``bertjax.atomic``: temporary name +
+rename locally; one object write on GCS) and last, so it is bertjax's own commit marker: a step
+without one is an
 incomplete save, whatever orbax left.
 
 **What verifies.** Every listed file exists with the listed size and checksum, and no other file
 is present: an unlisted file is not inert, since orbax finds some files by listing directories
-(``ocdbt.process_*``), so restore could read it. Empty directories are ignored. Files are read in
-4 MiB chunks by a few threads (bounded memory), through ``etils.epath`` (local or ``gs://``).
-:func:`verify` checks what costs no reads first (missing, size, unexpected files, in path order),
-then checksums, and names the first bad file.
+(``ocdbt.process_*``), so restore could read it. Empty directories (and GCS's directory marker
+objects, ``name/``) are ignored. :func:`verify` checks what costs no reads first (missing, size,
+unexpected files, in path order), then checksums, and names the first bad file.
+
+**Where the checksums come from.** On a local disk (or ``gs://`` without google-cloud-storage)
+files are read in 4 MiB chunks by a few threads (bounded memory), through ``etils.epath``: one
+read of the step per seal and per verification. On ``gs://`` with google-cloud-storage (the
+``gcs`` extra, which a ``gs://`` workdir needs for its lease anyway) nothing is read: one object
+listing of the step's prefix gives each object's size and the crc32c that GCS computed when the
+object was written and keeps with it; sealing records those, verification compares them (a
+manifest of zlib crc32 values, sealed elsewhere, is verified by reading). That catches an
+object that is missing, truncated, replaced or added after the seal; corruption at rest inside
+GCS is GCS's own to detect (it checks its stored checksums).
 
 **Hooking into orbax (0.12.8).** ``AsyncOptions(post_finalization_callback=...)`` runs in
 orbax's background thread *before* orbax commits the step: the directory still has its
@@ -36,15 +46,17 @@ lost), never trusted.
 step with the other processes; the loop restores that step explicitly (``manager.restore(step)``,
 not ``latest_step()``, which would take a newer unverified step). ``None`` with
 :func:`step_dirs` non-empty means no checkpoint verifies: the loop says so and starts nothing
-(it must not silently start from scratch over a corrupt run). Newer unverified steps stay on
-disk for inspection; the loop must move them aside before it saves those steps again (orbax
-refuses to save a step that exists). Only process 0 writes manifests.
+(it must not silently start from scratch over a corrupt run). Newer unverified steps stay for
+inspection; the loop must remove them before it saves those steps again (orbax refuses to save
+a step that exists). Only process 0 writes manifests.
 """
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
+import functools
 import json
 import posixpath
 import queue
@@ -142,6 +154,37 @@ def _list_files(step_dir: epath.Path) -> dict[str, int]:
     return files
 
 
+@functools.cache
+def _storage_client():
+    """A google-cloud-storage client (its credentials are looked up once), or None without it."""
+    try:
+        from google.cloud import storage  # noqa: PLC0415 - optional extra 'gcs'
+    except ImportError:
+        return None
+    return storage.Client()
+
+
+def _gcs_listing(step_dir: epath.Path) -> dict[str, tuple[int, str]] | None:
+    """On ``gs://``: relative path -> (size, crc32c as 8 hex digits) of every object under
+    ``step_dir``, from one listing (a page per 1,000 objects; nothing is read). None for local
+    paths, and where google-cloud-storage is not installed (the caller reads the files)."""
+    text = str(step_dir)
+    if not text.startswith("gs://") or (client := _storage_client()) is None:
+        return None
+    bucket, _, prefix = text[len("gs://") :].partition("/")
+    prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+    found = {}
+    blobs = client.list_blobs(bucket, prefix=prefix, fields="items(name,size,crc32c),nextPageToken")
+    for blob in blobs:
+        relative = blob.name[len(prefix) :]
+        if not relative or relative.endswith("/"):  # directory marker objects
+            continue
+        if relative == MANIFEST_FILE or relative.startswith(_TMP_PREFIX):
+            continue
+        found[relative] = (int(blob.size), base64.b64decode(blob.crc32c).hex())  # big-endian
+    return found
+
+
 def _valid_path(path) -> bool:
     return (
         isinstance(path, str)
@@ -197,17 +240,23 @@ def write_manifest(step_dir, *, overwrite: bool = False) -> epath.Path:
         raise ValueError(f"{step_dir}: an orbax temporary directory; wait until it is finalized")
     if target.exists() and not overwrite:
         raise ValueError(f"{target}: exists already (overwrite=True replaces it)")
-    listed = _list_files(step_dir)
+    listing = _gcs_listing(step_dir)
+    listed = _list_files(step_dir) if listing is None else listing
     if not listed:
         raise ValueError(f"{step_dir}: no files to record")
-    algorithm = default_algorithm()
-    files = []
-    for path, result in _checksums(step_dir, sorted(listed), _extender(algorithm, "")):
-        if result is None:
-            raise FileNotFoundError(f"{step_dir / path}: removed while being recorded")
-        if result[0] != listed[path]:
-            raise ValueError(f"{step_dir / path}: changed while the manifest was being written")
-        files.append({"path": path, "size": result[0], "checksum": result[1]})
+    if listing is not None:  # GCS's own checksums: nothing is read
+        algorithm = "crc32c"
+        files = [
+            {"path": p, "size": size, "checksum": crc} for p, (size, crc) in sorted(listing.items())
+        ]
+    else:
+        algorithm, files = default_algorithm(), []
+        for path, result in _checksums(step_dir, sorted(listed), _extender(algorithm, "")):
+            if result is None:
+                raise FileNotFoundError(f"{step_dir / path}: removed while being recorded")
+            if result[0] != listed[path]:
+                raise ValueError(f"{step_dir / path}: changed while the manifest was being written")
+            files.append({"path": path, "size": result[0], "checksum": result[1]})
     head = json.dumps({"format_version": FORMAT_VERSION, "checksum": algorithm})[:-1]
     text = head + ', "files": [\n' + ",\n".join(map(json.dumps, files)) + "\n]}\n"
     atomic.write_text(target, text)  # its temporary is named _TMP_PREFIX..., never listed
@@ -222,7 +271,8 @@ def verify(step_dir) -> None:
     matches its manifest exactly; ``incomplete`` is set when there is no manifest."""
     step_dir = epath.Path(step_dir)
     algorithm, entries = _read_manifest(step_dir)
-    present = _list_files(step_dir)
+    listing = _gcs_listing(step_dir)
+    present = _list_files(step_dir) if listing is None else {p: s for p, (s, _) in listing.items()}
     for path, size, _ in entries:
         if path not in present:
             raise CheckpointCorrupt(step_dir, f"{path}: missing")
@@ -233,6 +283,14 @@ def verify(step_dir) -> None:
     unexpected = sorted(set(present) - {path for path, _, _ in entries})
     if unexpected:
         raise CheckpointCorrupt(step_dir, f"{unexpected[0]}: unexpected file (not in the manifest)")
+    if listing is not None and algorithm == "crc32c":
+        for path, _, expected in entries:
+            if listing[path][1] != expected:
+                raise CheckpointCorrupt(
+                    step_dir,
+                    f"{path}: checksum differs: expected crc32c {expected} got {listing[path][1]}",
+                )
+        return
     extend = _extender(algorithm, step_dir / MANIFEST_FILE)
     paths = [path for path, _, _ in entries]
     with contextlib.closing(_checksums(step_dir, paths, extend)) as results:

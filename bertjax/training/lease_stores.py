@@ -142,6 +142,19 @@ def gcs_errors() -> tuple[type[Exception], type[Exception]]:
     return exceptions.PreconditionFailed, exceptions.NotFound
 
 
+def _api_error() -> type[Exception]:
+    """google-api-core's base of HTTP errors (a stand-in, never raised, without it)."""
+    try:
+        from google.api_core import exceptions  # noqa: PLC0415 - optional extra 'gcs'
+    except ImportError:
+        return _ApiError
+    return exceptions.GoogleAPICallError
+
+
+class _ApiError(Exception):
+    """Stand-in for google-api-core's GoogleAPICallError where it is not installed."""
+
+
 class _PreconditionFailed(Exception):
     """HTTP 412 stand-in where google-api-core is not installed (in-memory test buckets)."""
 
@@ -155,6 +168,8 @@ class GcsStore:
 
     ``bucket`` is a ``google.cloud.storage.Bucket`` (or anything with its ``get_blob`` /
     ``blob`` and the blobs' ``download_as_bytes`` / ``upload_from_string`` / ``delete``).
+    Any other HTTP error (a forbidden or missing bucket; the client has retried the transient
+    ones) is an OSError naming the object, one line.
     """
 
     def __init__(self, bucket, name: str):
@@ -162,8 +177,32 @@ class GcsStore:
         self._name = name
         self.where = f"gs://{getattr(bucket, 'name', '?')}/{name}"
         self._precondition_failed, self._not_found = gcs_errors()
+        self._api_error = _api_error()
 
     def read(self) -> Snapshot | None:
+        with self._named_errors():
+            return self._read()
+
+    def create(self, data: bytes) -> object:
+        with self._named_errors():
+            return self._upload(data, 0)
+
+    def replace(self, data: bytes, expected: object) -> object:
+        with self._named_errors():
+            return self._upload(data, expected)
+
+    def delete(self, expected: object) -> None:
+        with self._named_errors():
+            self._delete(expected)
+
+    @contextlib.contextmanager
+    def _named_errors(self):
+        try:
+            yield
+        except self._api_error as e:  # the expected 404s and 412s were handled inside
+            raise OSError(f"{self.where}: {' '.join(str(e).split())}") from None
+
+    def _read(self) -> Snapshot | None:
         for _ in range(8):
             blob = self._bucket.get_blob(self._name)
             if blob is None:
@@ -175,13 +214,7 @@ class GcsStore:
             return Snapshot(data, blob.generation)
         raise StoreConflict(f"{self.where}: changed under 8 reads in a row")
 
-    def create(self, data: bytes) -> object:
-        return self._upload(data, 0)
-
-    def replace(self, data: bytes, expected: object) -> object:
-        return self._upload(data, expected)
-
-    def delete(self, expected: object) -> None:
+    def _delete(self, expected: object) -> None:
         try:
             self._bucket.blob(self._name).delete(if_generation_match=expected)
         except self._not_found:

@@ -12,9 +12,12 @@ The layout and the restore order are ``bertjax.training.checkpoint``'s docstring
    that failed verification while none verifies is an error: nothing starts over a damaged run;
    a workdir with only incomplete saves starts afresh.
 3. Only then :func:`write_record` and :meth:`Checkpoints.open_for_writing`: steps newer than the
-   restored one (they failed verification) move to ``checkpoints_rejected/`` so that the run can
-   save those step numbers again; saves start; each step's manifest is written by a background
-   sealer once orbax has finalized it.
+   restored one (they failed verification or are incomplete) are removed so that the run can
+   save those step numbers again: on a local disk they move to ``checkpoints_rejected/`` (a
+   rename: atomic, and they stay for inspection); on ``gs://``, where a directory is a prefix and
+   a rename a copy and a delete of every object, they are deleted, manifest first (a run killed
+   half way through leaves an incomplete step, skipped and deleted by the next run). Saves
+   start; each step's manifest is written by a background sealer once orbax has finalized it.
 
 A rejected run therefore leaves the workdir as it found it. Workdirs of format 1 (written before
 checkpoints had manifests) still resume: their latest orbax step, unverified, with a notice.
@@ -243,14 +246,18 @@ class Checkpoints:
         return restored.state, restored.rng, restored.meta
 
     def open_for_writing(self) -> None:
-        """After the run is accepted: moves rejected steps aside, starts the manager and sealer."""
+        """After the run is accepted: removes the rejected steps (module doc, 3), then starts the
+        manager and the sealer."""
         if jax.process_index() == 0 and self.rejected:
-            aside = self.root / REJECTED_DIR
-            aside.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%dT%H%M%S")
-            for step in self.rejected:
-                (self.directory / str(step)).rename(aside / f"{step}-{stamp}")
-                self.log(f"checkpoint step {step}: moved to {aside / f'{step}-{stamp}'}")
+            if str(self.directory).startswith("gs://"):
+                for step in self.rejected:
+                    self._delete(step)
+            else:
+                self._move_aside(self.rejected)
+        if jax.process_count() > 1:  # no process opens the directory before the steps are gone
+            from jax.experimental import multihost_utils  # noqa: PLC0415
+
+            multihost_utils.sync_global_devices("bertjax: rejected checkpoint steps removed")
         options = ocp.CheckpointManagerOptions(
             max_to_keep=self.keep,
             save_interval_steps=1,
@@ -263,6 +270,24 @@ class Checkpoints:
         self._quiet.enter_context(_quiet_failed_saves())
         if jax.process_index() == 0:
             self.sealer = manifest.ManifestSealer(self.directory, log=self.log)
+
+    def _move_aside(self, steps: list[int]) -> None:
+        """Local disks: one rename per step, atomic and free; the step stays for inspection."""
+        aside = self.root / REJECTED_DIR
+        aside.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for step in steps:
+            (self.directory / str(step)).rename(aside / f"{step}-{stamp}")
+            self.log(f"checkpoint step {step}: moved to {aside / f'{step}-{stamp}'}")
+
+    def _delete(self, step: int) -> None:
+        """``gs://``: a rename would copy every object, so the step is deleted. Its manifest goes
+        first: a step whose deletion has begun can never verify again, so a run killed half way
+        leaves an incomplete step, which the next run skips and deletes again."""
+        step_dir = self.directory / str(step)
+        self.log(f"checkpoint step {step}: deleting {step_dir} (it did not verify)")
+        (step_dir / manifest.MANIFEST_FILE).unlink(missing_ok=True)
+        step_dir.rmtree(missing_ok=True)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

@@ -1,0 +1,96 @@
+"""Fixtures of the GCS tests: ``gcs``, one hermetic Cloud Storage per test session
+(``tests/gcs/emulator.py``), and ``gcs_data``, a corpus, its vocab, its pretraining TFRecords and
+a tiny model's params-only checkpoint on it.
+
+Every test here uses ``gcs``, skipped with a one-line reason where the namespace cannot be made
+(not root, or ``unshare`` refused). Each module marks itself ``xdist_group("gcs")``: one
+pytest-xdist worker, one namespace.
+"""
+
+import dataclasses
+import gzip
+import pathlib
+import sys
+
+import pytest
+
+from bertjax.data import bundled
+from tests.gcs.emulator import Emulator, Unavailable
+from tests.pretrain.step_test import TINY_MODEL
+
+REPO = pathlib.Path(__file__).parents[2]
+DATA_BUCKET = "bertjax-data"
+# The shape of main_test's runs (tests/commands/main_test.py), which the TFRecords must match.
+MAX_SEQ_LENGTH, MAX_PREDICTIONS = 32, 5
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    try:
+        emulator = Emulator.start(tmp_path_factory.mktemp("gcs"))
+    except Unavailable as e:
+        pytest.skip(f"no hermetic GCS here: {e}")
+    emulator.create_bucket(DATA_BUCKET)
+    yield emulator
+    emulator.stop()
+
+
+PARAMS_CHECKPOINT = """  # gs:// destination, its vocab, the model's sizes
+import sys
+import bertjax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import BertForPreTraining
+from bertjax.training import checkpoint
+config = BertConfig(vocab_size=7633, **eval(sys.argv[3]))
+ids, positions = jnp.zeros((1, 8), jnp.int32), jnp.zeros((1, 2), jnp.int32)
+params = BertForPreTraining(config).init({"params": jax.random.key(7)}, ids, ids, ids, positions)
+checkpoint.save_params(sys.argv[1], nn.unbox(params["params"]), config, sys.argv[2], True)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    local_corpus: pathlib.Path
+    corpus: str  # gs://
+    vocab: str  # gs://
+    tfrecords: str  # gs:// glob of create_pretraining_data's shards
+    created: str  # create_pretraining_data's stdout
+    params: str  # gs:// params-only checkpoint: main_test's tiny model, freshly initialised
+
+
+def upload(gcs: Emulator, pairs: dict[str, str]) -> None:
+    """Local file -> gs:// object, with google-cloud-storage (inside the namespace)."""
+    gcs.python(
+        "import sys\nfrom google.cloud import storage\nclient = storage.Client()\n"
+        "for source, target in zip(sys.argv[1::2], sys.argv[2::2]):\n"
+        "    bucket, name = target[5:].split('/', 1)\n"
+        "    client.bucket(bucket).blob(name).upload_from_filename(source)\n",
+        *[str(x) for pair in pairs.items() for x in pair],
+    )
+
+
+@pytest.fixture(scope="session")
+def gcs_data(gcs, tmp_path_factory) -> Data:
+    """40 chapters of the bundled corpus (as main_test) and the bundled vocab on gs://, and
+    ``create_pretraining_data``'s TFRecords of them, read from and written to gs://."""
+    root = tmp_path_factory.mktemp("gcs_data")
+    with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
+        chapters = f.read().split("\n\n")[:40]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
+    base = f"gs://{DATA_BUCKET}"
+    upload(gcs, {corpus: f"{base}/corpus.txt", bundled.VOCAB: f"{base}/vocab.txt"})
+    result = gcs.run(
+        [sys.executable, "-m", "bertjax.create_pretraining_data", f"--input_file={base}/corpus.txt",
+         f"--output_file={base}/tfrecords/train.tfrecord", "--num_output_shards=2",
+         f"--vocab_file={base}/vocab.txt", f"--max_seq_length={MAX_SEQ_LENGTH}",
+         f"--max_predictions_per_seq={MAX_PREDICTIONS}", "--dupe_factor=2", "--num_workers=1"],
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    gcs.python(PARAMS_CHECKPOINT, f"{base}/params", f"{base}/vocab.txt", repr(TINY_MODEL), cwd=REPO)
+    return Data(corpus, f"{base}/corpus.txt", f"{base}/vocab.txt",
+                f"{base}/tfrecords/train.tfrecord-*", result.stdout, f"{base}/params")  # fmt: skip
