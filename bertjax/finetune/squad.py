@@ -46,7 +46,6 @@ from bertjax.finetune.tasks import (
 )
 
 TASKS = {"squad_v1": "v1.1", "squad_v2": "v2.0"}
-VERSIONS = TASKS  # kept for readers of older code
 
 
 @dataclasses.dataclass

@@ -28,7 +28,6 @@ task's ``skipped`` dict and reported in the metrics JSON; everything else malfor
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import io
@@ -191,8 +190,3 @@ def _with_source(task, config):
             )
         task.use_tfds(config.tfds_data_dir)
     return task
-
-
-def format_skips(skipped: dict[str, int]) -> str:
-    counts = collections.Counter(skipped)
-    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())) or "none"

@@ -28,8 +28,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_REQUESTS = ("auto", "xla", "fused")
 ATTENTION_KERNELS = ("xla", "tpu", "gpu", "tpu_interpret", "gpu_interpret")
 ATTENTION_IMPLS = ATTENTION_REQUESTS + ATTENTION_KERNELS[1:]
-# Fields older bertjax versions wrote into bert_config.json; ignored when read.
-RETIRED_FIELDS = frozenset({"matmul"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +131,6 @@ class BertConfig:
         if not isinstance(values, dict):
             raise ValueError(f"{source}: expected BertConfig fields, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in values.items() if k not in RETIRED_FIELDS}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(

@@ -24,8 +24,7 @@ that is verified before it is trusted:
    (``bertjax.interop.hf``) needs it to pick the model class and write ``id2label``.
    On a local disk the directory is written under a temporary name, sealed and renamed into
    place, so a crash never leaves a half-written checkpoint at the destination (on ``gs://``
-   see below). Format 1 (no manifest, no vocab fingerprint) is still read, unverified, with a
-   notice.
+   see below).
 
 2. A **training workdir** (``bertjax.main`` and ``bertjax.finetune``'s train runs, through the
    trainer core; ``bertjax.training.workdir``)::
@@ -98,7 +97,7 @@ from bertjax.model.config import BertConfig
 from bertjax.model.encoder import stack_layers, unstack_layers
 from bertjax.training import checkpoint_manifest
 
-FORMAT_VERSION = 2  # 2: a manifest and a vocab fingerprint; 1: neither
+FORMAT_VERSION = 2  # a manifest and a vocab fingerprint
 META_FILE = "bertjax_checkpoint.json"
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
@@ -199,17 +198,14 @@ def load_params(path: str | os.PathLike, *, scan_layers: bool = False):
     """Reads a verified params-only checkpoint -> (params of numpy arrays, BertConfig, meta).
 
     The returned config has ``scan_layers`` set as asked and the params are in that layout.
-    ``meta["vocab"]`` (format 2) is the fingerprint of the checkpoint's vocab.txt.
+    ``meta["vocab"]`` is the fingerprint of the checkpoint's vocab.txt.
     """
     src = epath.Path(path)
     for name in (META_FILE, CONFIG_FILE, VOCAB_FILE, PARAMS_DIR):
         if not (src / name).exists():
             raise CheckpointError(f"{src}: not a bertjax checkpoint, {name} is missing")
     meta = read_meta(src / META_FILE)
-    if meta["format_version"] == 1:
-        print(f"{src}: written before checkpoints had manifests: read unverified", flush=True)
-    else:
-        checkpoint_manifest.verify(src)  # CheckpointCorrupt: one line naming the file
+    checkpoint_manifest.verify(src)  # CheckpointCorrupt: one line naming the file
     heads = meta.get("heads", [])
     if not isinstance(heads, list) or not all(isinstance(h, str) for h in heads):
         raise CheckpointError(f"{src / META_FILE}: heads={heads!r:.60}, expected a list of names")
@@ -244,19 +240,17 @@ def read_meta(path: epath.Path) -> dict:
     """``bertjax_checkpoint.json`` / ``bertjax_workdir.json``: the format version is checked, and
     ``do_lower_case`` must be a bool (``bool("false")`` would silently be True)."""
     meta = _read_json(path)
-    if meta.get("format_version") not in (1, FORMAT_VERSION) or isinstance(
-        meta.get("format_version"), bool
-    ):
+    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
         raise CheckpointError(
             f"{path}: format_version {meta.get('format_version')!r:.40}, "
-            f"this bertjax reads 1-{FORMAT_VERSION}"
+            f"this bertjax reads {FORMAT_VERSION}"
         )
     if not isinstance(meta.get("do_lower_case"), bool):
         raise CheckpointError(
             f"{path}: do_lower_case={meta.get('do_lower_case')!r:.40}, expected true or false"
         )
     vocab = meta.get("vocab")
-    if meta["format_version"] >= 2 and not (
+    if not (
         isinstance(vocab, dict)
         and isinstance(vocab.get("entries"), int)
         and isinstance(vocab.get("sha256"), str)

@@ -77,15 +77,12 @@ def _acquire(path) -> lease.Lease | None:
 
 def _restore_or_init(path, plan: Plan, trainer: Trainer, checkpoints: workdir.Checkpoints):
     """Step 2 of the module doc: (state, rng_data, meta); nothing is written."""
-    record = workdir.check_resumable(
-        path, plan.bert_config, plan.vocab_file, plan.allow_vocab_change
-    )
+    workdir.check_resumable(path, plan.bert_config, plan.vocab_file, plan.allow_vocab_change)
     rng = plan.rng_data
     restored = checkpoints.restore(
         trainer.abstract_state,
         trainer.state_shardings,
         jax.ShapeDtypeStruct(rng.shape, rng.dtype),
-        verified=record is None or record["format_version"] >= 2,
     )
     if restored is not None:
         state, rng_data, meta = restored

@@ -19,8 +19,7 @@ The layout and the restore order are ``bertjax.training.checkpoint``'s docstring
    half way through leaves an incomplete step, skipped and deleted by the next run). Saves
    start; each step's manifest is written by a background sealer once orbax has finalized it.
 
-A rejected run therefore leaves the workdir as it found it. Workdirs of format 1 (written before
-checkpoints had manifests) still resume: their latest orbax step, unverified, with a notice.
+A rejected run therefore leaves the workdir as it found it.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
-import sys
 import time
 from collections.abc import Callable
 
@@ -55,7 +54,7 @@ from bertjax.training.checkpoint import (
 META_FILE = "bertjax_workdir.json"
 CHECKPOINTS_DIR = "checkpoints"
 REJECTED_DIR = "checkpoints_rejected"
-FORMAT_VERSION = 2  # 2: steps carry manifests; 1: they did not
+FORMAT_VERSION = 2  # the steps carry manifests
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
                   "cpu_forms", "gather_last_layer")  # fmt: skip
 
@@ -123,39 +122,34 @@ def _composite(state=None, rng=None, meta=None, restore: bool = False):
     )
 
 
-class _OrbaxSaveNoise(logging.Filter):
-    """Orbax's ERROR lines (with tracebacks) about a failed save: :meth:`Checkpoints.
-    check_for_errors` reports the failure in one line instead."""
+class _FailedSaveLines(logging.Filter):
+    """Drops the lines orbax logs, each with a traceback, while a background save fails: the run
+    reports that failure itself in one line (:meth:`Checkpoints.check_for_errors`). Only ERROR
+    records of orbax's modules on the ``absl`` logger whose message is one of these; any other
+    error orbax logs still shows."""
+
+    FAILED_SAVE = re.compile(
+        r"_SignalingThread\.run\(\) raised an exception"
+        r"|Failed to run \d+ Handler Commit operations"
+        r"|Save Finalize thread \(\w+\) failed"
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+        return not (
+            record.levelno >= logging.ERROR
+            and "/orbax/" in record.pathname
+            and self.FAILED_SAVE.search(record.getMessage())
+        )
 
 
 @contextlib.contextmanager
-def _quiet_failed_saves():
-    """While saving: drops orbax's error logs about a failed save; and from then on, for the rest
-    of the process, the "Event loop is closed" tracebacks that tensorstore's callbacks print
-    (through ``sys.excepthook``) until the process exits after a failed async save."""
-    noise, logger, previous = _OrbaxSaveNoise(), logging.getLogger("absl"), sys.excepthook
-
-    def excepthook(kind, value, traceback):
-        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
-            previous(kind, value, traceback)
-
+def _failed_save_lines_dropped():
+    noise, logger = _FailedSaveLines(), logging.getLogger("absl")
     logger.addFilter(noise)
-    if not getattr(previous, "drops_closed_event_loop", False):
-        excepthook.drops_closed_event_loop = True
-        sys.excepthook = excepthook
     try:
         yield
     finally:
         logger.removeFilter(noise)
-
-
-def _latest_orbax_step(directory) -> int | None:
-    """The newest step orbax finalized (format-1 workdirs have no manifests)."""
-    steps = [s for s, p in manifest.step_dirs(directory) if ocp.step.is_checkpoint_finalized(p)]
-    return steps[0] if steps else None
 
 
 def _path(path: epath.Path) -> epath.Path:
@@ -173,18 +167,12 @@ class Checkpoints:
         self.manager = self.sealer = None
         self._quiet = contextlib.ExitStack()
 
-    def _step_to_restore(self, verified: bool) -> int | None:
+    def _step_to_restore(self) -> int | None:
         """The step to restore (process 0 decides; every process gets the same)."""
         step = -1
         if jax.process_index() == 0:
             found = manifest.step_dirs(self.directory)
-            damaged = False
-            if verified:
-                chosen, damaged = self._newest_verified(found)
-            else:  # format 1: orbax's latest complete step
-                chosen = _latest_orbax_step(self.directory)
-                if chosen is not None:
-                    self.log(f"checkpoint step {chosen}: restored unverified (workdir format 1)")
+            chosen, damaged = self._newest_verified(found)
             if damaged and chosen is None:
                 step = -2
             else:
@@ -219,9 +207,9 @@ class Checkpoints:
                     self.log(f"checkpoint step {step} failed verification: {e.reason}; {then}")
         return None, damaged
 
-    def restore(self, abstract_state, shardings, abstract_rng, *, verified: bool = True):
+    def restore(self, abstract_state, shardings, abstract_rng):
         """(state, rng_data, meta) of the newest usable step in ``shardings``, or None."""
-        step = self._step_to_restore(verified)
+        step = self._step_to_restore()
         if step is None:
             return None
         target = jax.tree.map(
@@ -267,7 +255,7 @@ class Checkpoints:
             enable_async_checkpointing=self.async_save,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
-        self._quiet.enter_context(_quiet_failed_saves())
+        self._quiet.enter_context(_failed_save_lines_dropped())
         if jax.process_index() == 0:
             self.sealer = manifest.ManifestSealer(self.directory, log=self.log)
 
@@ -372,10 +360,7 @@ def latest_params(workdir, *, log: Callable[[str], None] = print):
     if record is None or not (root / VOCAB_FILE).exists():
         raise CheckpointError(f"{root}: not a bertjax training workdir, {META_FILE} is missing")
     directory = _path(root / CHECKPOINTS_DIR)
-    if record["format_version"] == 1:
-        step = _latest_orbax_step(directory)
-    else:
-        step = manifest.latest_verified_step(directory, log=log)
+    step = manifest.latest_verified_step(directory, log=log)
     if step is None:
         raise CheckpointError(f"{directory}: no complete checkpoint that verifies, nothing to read")
     checkpointer = ocp.PyTreeCheckpointer()

@@ -41,7 +41,3 @@ def test_config_json_round_trip_and_unknown_fields():
     with pytest.raises(ValueError, match=r"my.json: unknown BertConfig fields \['hidden_layers'\]"):
         BertConfig.from_dict({"hidden_layers": 3}, source="my.json")
 
-
-def test_fields_older_versions_wrote_are_ignored_on_read():
-    # bert_config.json files written before the MKL path was removed carry "matmul".
-    assert BertConfig.from_dict({**TINY.to_dict(), "matmul": "xla"}) == TINY

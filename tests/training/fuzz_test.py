@@ -30,7 +30,12 @@ TINY = BertConfig(
     intermediate_size=32,
     max_position_embeddings=16,
 )
-META = {"format_version": 1, "do_lower_case": True, "heads": ["pooler"]}
+META = {
+    "format_version": 2,
+    "do_lower_case": True,
+    "heads": ["pooler"],
+    "vocab": {"entries": 7633, "sha256": "0" * 64},
+}
 HF_CONFIG = {
     "architectures": ["BertModel"],
     "model_type": "bert",
@@ -252,7 +257,7 @@ def test_hf_config_regressions(tmp_path, changes, message):
 @pytest.mark.parametrize(
     "name, contents, message",
     [
-        (workdir_lib.META_FILE, '{"format_version": 1}', "do_lower_case=None"),  # KeyError
+        (workdir_lib.META_FILE, '{"format_version": 2}', "do_lower_case=None"),  # KeyError
         (checkpoint.CONFIG_FILE, '{"hidden_dropout_rate": "0.1"}', "hidden_dropout_rate='0.1'"),
         (checkpoint.CONFIG_FILE, "", "not a JSON file"),  # json.JSONDecodeError
         # The checkpoint holds 2 layers: 3 raised IndexError, 1 silently dropped a layer.

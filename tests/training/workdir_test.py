@@ -2,6 +2,9 @@
 shardings; the newest step that verifies is the one restored; a workdir holding another model
 or vocab is refused before anything is written; export reads the verified step."""
 
+import logging
+import subprocess
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,3 +140,46 @@ def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch
     checkpoints.close()  # the error path: no finish()
     root = tmp_path / workdir.CHECKPOINTS_DIR
     assert checkpoint_manifest.latest_verified_step(root, log=lambda _: None) == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_failed_background_save_is_one_error_and_other_orbax_errors_still_show(
+    small_disk, monkeypatch, caplog
+):
+    """A save that fails in orbax's background threads (a 4 MiB state on a 1 MiB disk, the free
+    space check switched off) ends in one CheckpointError naming the directory and the cause;
+    none of the lines orbax logs meanwhile (each with a traceback) reach the user. An error of
+    another kind that orbax logs still does."""
+    checkpoints = workdir.Checkpoints(small_disk / "run", keep=2, async_save=True, log=print)
+    monkeypatch.setattr(checkpoints, "_check_space", lambda step, state: None)
+    checkpoints.open_for_writing()
+    state = {"w": jnp.asarray(np.random.default_rng(0).random((1024, 1024), np.float32))}
+    caplog.set_level(logging.INFO)
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoints.save(1, state, np.zeros(2, np.uint32), {"step": 1})
+        checkpoints.finish()
+    assert str(error.value).startswith(f"saving a checkpoint in {small_disk}/run/checkpoints fail")
+    assert "No space left on device" in str(error.value) or "RESOURCE_EXHAUSTED" in str(error.value)
+    orbax_errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert orbax_errors == [], [r.getMessage()[:120] for r in orbax_errors]
+    other = logging.LogRecord(
+        "absl", logging.ERROR, "/site-packages/orbax/checkpoint/x.py", 1, "a real error", (), None
+    )
+    logging.getLogger("absl").handle(other)
+    errors = lambda: [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors() == ["a real error"]
+    checkpoints.close()
+    logging.getLogger("absl").handle(other)  # the filter is gone with the checkpoints
+    assert errors() == ["a real error"] * 2
