@@ -15,8 +15,8 @@
 #
 # On each worker: uv (pip-installed into ~/.local, or its installer when pip is missing) makes
 # ~/bertjax-venv with Python PYTHON_VERSION (uv downloads a standalone build), then
-# `uv pip install -e ~/bertjax[tpu,gcs]` (gcs: the workdir lease on gs://). Rerunning replaces
-# ~/bertjax and reuses the venv.
+# `uv pip install -c ~/bertjax/constraints.txt -e ~/bertjax[tpu,gcs]` (the tested versions; gcs:
+# the workdir lease on gs://). Rerunning replaces ~/bertjax and reuses the venv.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
 handle_help "$@"
@@ -56,7 +56,8 @@ remote+="; if ! command -v uv >/dev/null; then python3 -m pip install --user --q
 remote+=" || curl -LsSf https://astral.sh/uv/install.sh | sh; fi"
 remote+="; if ! $python -c 'import sys; sys.exit(sys.version_info[:2] != $wanted)' 2>/dev/null"
 remote+="; then rm -rf $REMOTE_VENV; uv venv --quiet --python $PYTHON_VERSION $REMOTE_VENV; fi"
-remote+="; uv pip install --quiet --python $python -e \"${REMOTE_SRC}[tpu,gcs]\""
+remote+="; uv pip install --quiet --python $python -c \"${REMOTE_SRC}/constraints.txt\""
+remote+=" -e \"${REMOTE_SRC}[tpu,gcs]\""
 remote+="; $python -c 'import platform, jax, bertjax; print(platform.node(), \"python\","
 remote+=" platform.python_version(), \"jax\", jax.__version__, \"bertjax ready\")'"
 gcloud_zone compute tpus tpu-vm ssh "$TPU_NAME" --worker=all --command="$remote"

@@ -241,7 +241,7 @@ def test_create_single_host_ships_the_checkout_and_installs_with_uv(tmp_path, ch
     pip_install = ["pip", "install", "--quiet", "--python", f"{venv}/bin/python"]
     assert _records(home / "uv.jsonl") == [
         ["venv", "--quiet", "--python", "3.11", venv],
-        [*pip_install, "-e", f"{home}/bertjax[tpu,gcs]"],
+        [*pip_install, "-c", f"{home}/bertjax/constraints.txt", "-e", f"{home}/bertjax[tpu,gcs]"],
     ]
     assert "w0 python 3.11.9 jax 0.10.2 bertjax ready" in result.stdout
 
