@@ -22,6 +22,10 @@ from bertjax.model.config import SIZES  # noqa: E402
 
 
 def get_config(size: str = "base"):
+    if size not in SIZES:
+        raise ValueError(
+            f"configs/bert_base.py: unknown model size {size!r}; known: {sorted(SIZES)}"
+        )
     config = base.get_config()
     config.model.update(SIZES[size])
     config.model.max_position_embeddings = 512

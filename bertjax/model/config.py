@@ -168,8 +168,3 @@ SIZES: dict[str, dict[str, int]] = {
     "L24_H1024_A16": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
 }
 
-
-def config_for_size(size: str, **overrides) -> BertConfig:
-    if size not in SIZES:
-        raise ValueError(f"unknown model size {size!r}; known: {sorted(SIZES)}")
-    return BertConfig(**{**SIZES[size], **overrides})

@@ -26,7 +26,6 @@ whose leaves have a leading ``<num_layers>`` dimension with logical axis ``layer
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -356,6 +355,3 @@ def unstack_layers(encoder_params: dict, num_layers: int) -> dict:
     layers = {f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_layers)}
     return {**encoder_params, "layers": layers}
 
-
-def count_params(params) -> int:
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))

@@ -14,9 +14,10 @@ import transformers
 from flax import linen as nn
 
 from bertjax.interop import formats
-from bertjax.model.config import BertConfig, config_for_size
-from bertjax.model.encoder import count_params, stack_layers, unstack_layers
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import stack_layers, unstack_layers
 from bertjax.model.heads import BertModel
+from tests.model.sizes import config_for_size, count_params
 
 TINY = BertConfig(vocab_size=13, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=12,
                   max_position_embeddings=10, type_vocab_size=2)  # fmt: skip

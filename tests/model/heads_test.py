@@ -12,9 +12,9 @@ import transformers
 from flax import linen as nn
 
 from bertjax.interop import formats
-from bertjax.model.config import BertConfig, config_for_size
-from bertjax.model.encoder import count_params
+from bertjax.model.config import BertConfig
 from bertjax.model.heads import BertForPreTraining, BertModel, MaskedLMHead
+from tests.model.sizes import config_for_size, count_params
 
 TINY_HF = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                intermediate_size=32, max_position_embeddings=16)  # fmt: skip

@@ -4,9 +4,10 @@ exact window means, and the line without MFU when no peak is known."""
 import numpy as np
 import pytest
 
-from bertjax.model.config import BertConfig, config_for_size
+from bertjax.model.config import BertConfig
 from bertjax.pretrain import objective
 from bertjax.training import metrics
+from tests.model.sizes import config_for_size
 
 
 def test_flops_match_the_standard_count_with_full_bidirectional_attention():
