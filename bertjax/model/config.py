@@ -167,4 +167,3 @@ SIZES: dict[str, dict[str, int]] = {
     "L12_H1024_A16": dict(num_layers=12, hidden_size=1024, num_heads=16, intermediate_size=4096),
     "L24_H1024_A16": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
 }
-

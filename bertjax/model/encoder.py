@@ -354,4 +354,3 @@ def unstack_layers(encoder_params: dict, num_layers: int) -> dict:
     stacked = encoder_params["layers"]["layer"]
     layers = {f"layer_{i}": jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_layers)}
     return {**encoder_params, "layers": layers}
-
