@@ -185,25 +185,6 @@ def _save(manager, step):
     )
 
 
-def test_post_finalization_callback_runs_before_orbax_commits_the_step(tmp_path):
-    """Why ManifestSealer does not use AsyncOptions.post_finalization_callback."""
-    seen = []
-    manager = _manager(
-        tmp_path,
-        post_finalization_callback=lambda: seen.append(
-            (
-                sorted(p.name for p in tmp_path.iterdir()),
-                ocp.step.is_checkpoint_finalized(tmp_path / "1"),
-            )
-        ),
-    )
-    _save(manager, 1)
-    manager.wait_until_finished()
-    manager.close()
-    assert seen == [(["1.orbax-checkpoint-tmp"], False)]
-    assert ocp.step.is_checkpoint_finalized(tmp_path / "1")
-
-
 def _largest_file(step_dir) -> str:
     files = [
         os.path.join(directory, name) for directory, _, names in os.walk(step_dir) for name in names
