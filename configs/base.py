@@ -35,7 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.param_dtype = "float32"
     config.model.attention = "bidirectional"  # 'causal' = the paper's left-to-right ablation
     config.model.scan_layers = False
-    config.model.remat_policy = "none"  # none | full | dots | dots_no_batch
+    # none | full | dots | dots_no_batch | dots_attention | attention (bertjax.model.config)
+    config.model.remat_policy = "none"
     # auto: the Pallas flash kernels (attention dropout inside) on TPU and GPU (cuDNN on GPU for
     # 16-bit calls without dropout), XLA on CPU | xla | fused (auto's kernels; on CPU the TPU
     # kernel in interpret mode). The same function either way; resolved into a kernel for the
