@@ -7,8 +7,8 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
     model/      the network, only the math: BertConfig, encoder, attention (XLA and fused
                 kernels), dropout, heads, losses; logical axis names on every parameter.
     training/   the trainer core both loops run on (train state, the pure step, jit on the mesh,
-                start, the host loop, metrics) and what else they share: mesh and sharding,
-                optimizer, checkpoints, workdir, lease, the accelerator table.
+                start, the host loop, preemption, metrics) and what else they share: mesh and
+                sharding, optimizer, checkpoints, workdir, lease, the accelerator table.
     interop/    HF and TF1 checkpoints <-> bertjax as a library. It sits above training because
                 it reads and writes training's checkpoint and workdir layouts (and needs the
                 model's BertConfig); fine-tuning reads any checkpoint through it.

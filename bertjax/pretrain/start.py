@@ -57,6 +57,8 @@ def plan(config, steps: Steps) -> Plan:
         allow_vocab_change=bool(config.allow_vocab_change),
         keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save),
+        lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
+        lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),
         init_rng=init_rng,
         rng_data=np.asarray(jax.random.key_data(train_rng)),
         initial_params=functools.partial(initial_params, config, steps),
