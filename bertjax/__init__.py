@@ -9,8 +9,8 @@ Layout: one subpackage per stage a batch passes through; each imports only the o
                 counter-hash dropout, the Pallas flash kernels (tpu/, gpu/), the kernel chosen
                 when a step is built for its mesh.
     training/   the trainer core both loops run on (train state, the pure step, jit on the mesh,
-                start, the host loop, metrics) and what else they share: mesh and sharding,
-                optimizer, checkpoints, workdir, lease, the accelerator table.
+                start, the host loop, preemption, metrics) and what else they share: mesh and
+                sharding, optimizer, checkpoints, workdir, lease, the accelerator table.
     interop/    HF and TF1 checkpoints <-> bertjax as a library. It sits above training because
                 it reads and writes training's checkpoint and workdir layouts (and needs the
                 model's BertConfig); fine-tuning and continued pretraining read any checkpoint

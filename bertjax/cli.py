@@ -30,8 +30,10 @@ path on the message's last line.
 ``BERTJAX_TRACEBACK=1`` in the environment re-raises the error instead, for bug reports.
 
 Signals: SIGTERM stops a command with one line (exit 1) wherever it is, unless the command has
-installed its own handler (pretraining's loop saves and exits 0; ``bertjax.pretrain.loop``);
-SIGINT (Ctrl-C) likewise, with exit status 130.
+installed its own handler (the training loop saves and exits 0;
+``bertjax.training.preemption``), or ``jax.distributed.initialize`` has (several processes:
+JAX's preemption notifier takes SIGTERM from then on, and the training loop stops every process
+at one step); SIGINT (Ctrl-C) likewise, with exit status 130.
 """
 
 from __future__ import annotations

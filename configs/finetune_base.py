@@ -57,6 +57,10 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.checkpoint.every_steps = 1000
     config.checkpoint.keep = 1
     config.checkpoint.async_save = True
+    # The workdir's lease (bertjax.training.lease): renewed every lease_renew_seconds; a holder
+    # silent for lease_ttl_seconds may be taken over by another run.
+    config.checkpoint.lease_ttl_seconds = 120.0
+    config.checkpoint.lease_renew_seconds = 30.0
 
     # bertjax.training.optimizer keys; learning_rate and warmup_steps are set from the keys above.
     config.optimizer = ml_collections.ConfigDict()

@@ -142,6 +142,8 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
         bert_config=bert_config, vocab_file=vocab_file, do_lower_case=lower,
         config_json=config.to_json_best_effort(), allow_vocab_change=False,
         keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save),
+        lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
+        lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),
         init_rng=jax.random.key(seed), rng_data=np.asarray(jax.random.key_data(dropout_key)),
         initial_params=lambda: params,
         check_meta=lambda meta: _check_resumed(meta, signature, workdir),

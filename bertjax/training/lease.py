@@ -37,9 +37,9 @@ object-generation preconditions. The GCS client retries conditional requests, so
 answer the retry of our own successful write: every conflict is re-read, and a record holding our
 own bytes counts as written.
 
-**Multi-host.** Only process 0 acquires and renews the lease; the training loop decides how the
-other processes learn that it was lost (e.g. process 0 stops all through the loop's own
-collective).
+**Multi-host.** Only process 0 acquires and renews the lease; the training loop tells the other
+processes at its log, eval and save boundaries (``bertjax.training.loop``: one broadcast from
+process 0), never per step.
 """
 
 from __future__ import annotations

@@ -14,10 +14,17 @@ Host policies (the step itself is pure; its contract is ``bertjax.training.step`
 - **Non-finite** loss or gradient: without ``skip_nonfinite`` the loop raises FloatingPointError
   naming the step before it logs, evaluates or saves; with it the step has kept the old state
   and the loop only warns (the state counts the skips).
-- **Stopping**: SIGTERM (preemption) or SIGINT (Ctrl-C) on any host -> all hosts agree, save the
-  current step, return (exit 0); a second signal stops at once without saving.
+- **Stopping**: SIGTERM (preemption) or SIGINT (Ctrl-C) -> save the current step, return (exit
+  0); a second signal stops at once without saving. One process handles both signals itself.
+  Several processes agree on the step to stop at through JAX's distributed runtime, with no
+  device collective and nothing per step but a local check (``bertjax.training.preemption``).
 - **Failures that stop the run with one line** (and no further step): a background save that
-  failed (e.g. a full disk; the last complete checkpoint stays restorable), a lost lease.
+  failed (e.g. a full disk; the last complete checkpoint stays restorable); a lost lease, which
+  the processes agree on at each log, eval and save boundary, before anything is written (one
+  broadcast from process 0, which holds the lease), never per step.
+- **Dispatch runs ahead**: the loop blocks on the device only to fetch the metrics of the step
+  before the one it just dispatched (and at a log, eval or save boundary), so the device always
+  has the next step queued (``bench/dispatch_bench.py`` counts it).
 - **MFU** = model FLOPs per second (``Report.flops_per_row``) / the devices' peak
   (``train.peak_flops`` if set, else the table's peak of a known TPU/GPU); which one is printed
   once at start.
@@ -27,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 import time
 from collections.abc import Callable, Iterator
 
@@ -38,7 +44,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax.training import accelerators, lease
+from bertjax.training import accelerators, lease, preemption
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
 from bertjax.training.compiled import Trainer
@@ -65,34 +71,6 @@ class Report:
     short_names: tuple[tuple[str, str], ...] = ()  # (metric, its name in the console line)
 
 
-class _Stop:
-    """SIGTERM (Cloud TPU maintenance, spot preemption) or SIGINT (Ctrl-C): save the current step
-    and return; a second signal raises KeyboardInterrupt at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.requested = ""  # the signal's name
-        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-
-    def _handle(self, signum, frame):
-        del frame
-        if self.requested:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopped without saving")
-        self.requested = signal.Signals(signum).name
-
-    def agreed(self, lease_lost: bool) -> tuple[bool, bool]:
-        """(stop requested, lease lost) agreed by all hosts: any host's stops every host."""
-        flags = np.asarray([bool(self.requested), lease_lost], np.int32)
-        if jax.process_count() > 1:
-            flags = np.any(multihost_utils.process_allgather(flags), axis=0)
-        return bool(flags[0]), bool(flags[1])
-
-    def restore(self):
-        for s, previous in self._previous.items():
-            signal.signal(s, previous)
-
-
 class Loop:
     """The host side of training: stepping, logging, eval, checkpoints, preemption, NaN policy."""
 
@@ -117,7 +95,7 @@ class Loop:
         if jax.process_index() == 0:
             print(f"mfu: {source}", flush=True)
         self.writer = metrics_lib.summary_writer(str(epath.Path(workdir) / "tensorboard"))
-        self.stop = _Stop()
+        self.stop = preemption.Preemption()
         self.window = metrics_lib.Accumulator()
         self.summary: dict = {}
         self.last_saved = -1
@@ -149,6 +127,7 @@ class Loop:
             if log or evaluate or save:
                 self._record(*pending)
                 pending = None
+                self._check_lease(step)  # before the line's TensorBoard scalars, eval, save
             if log:
                 self._log(step, start_step, started)
             if evaluate:
@@ -160,21 +139,32 @@ class Loop:
         return self._finish(step, state)
 
     def _should_stop(self, step: int) -> bool:
-        requested, lease_lost = self.stop.agreed(self.held is not None and self.held.lost)
-        if lease_lost:
-            raise lease.LeaseError(
-                f"{self.checkpoints.root}: this run lost its lease to another run at step "
-                f"{step}; it stopped without saving"
-            )
-        if requested and jax.process_index() == 0:
-            print(f"{self.stop.requested or 'stop'}: saving step {step}", flush=True)
-        return requested
+        if not self.stop.reached():
+            return False
+        if jax.process_index() == 0:
+            print(f"{self.stop.reason()}: saving step {step}", flush=True)
+        return True
+
+    def _check_lease(self, step: int) -> None:
+        """LeaseError on every process when process 0 (the holder) lost the lease: agreed by one
+        broadcast, so call it only where every process does (log, eval and save boundaries)."""
+        lost = self.held is not None and self.held.lost
+        if jax.process_count() > 1:
+            lost = bool(multihost_utils.broadcast_one_to_all(np.int32(lost)))
+        if not lost:
+            return
+        if self.held is not None:
+            self.held.check()  # names who took it
+        raise lease.LeaseError(
+            f"{self.checkpoints.root}: this run lost its lease to another run at step {step} "
+            "(process 0 holds it); it stopped without saving"
+        )
 
     def _finish(self, step: int, state) -> dict:
         self._save(step, state)
         self.checkpoints.finish()
-        self.summary["stopped"] = bool(self.stop.requested)
-        if self.stop.requested:
+        self.summary["stopped"] = self.stop.stopped
+        if self.stop.stopped:
             return self.summary
         if self.cadence.eval_every and self.summary.get("eval_step") != step:
             self._eval(step, state.params)
@@ -243,8 +233,7 @@ class Loop:
     def _save(self, step: int, state) -> None:
         if step == self.last_saved or step == 0:
             return
-        if self.held is not None:
-            self.held.check()  # LeaseError (one line) when another run took the workdir
+        self._check_lease(step)  # LeaseError (one line) when another run took the workdir
         self.checkpoints.save(step, state, self.rng_data, self.meta(step))
         self.last_saved = step
 

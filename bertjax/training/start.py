@@ -43,6 +43,8 @@ class Plan:
     allow_vocab_change: bool
     keep: int  # checkpoints kept
     async_save: bool
+    lease_ttl_seconds: float  # bertjax.training.lease.acquire's ttl_seconds
+    lease_renew_seconds: float  # ... and renew_every
     init_rng: Any  # key for a fresh init
     rng_data: np.ndarray  # <uint32>[2] the base training key saved with every step
     initial_params: Callable[[], Any] = lambda: None  # host params to start from, or None
@@ -58,12 +60,14 @@ class Started:
     held: lease.Lease | None  # process 0's lease
 
 
-def _acquire(path) -> lease.Lease | None:
+def _acquire(path, plan: Plan) -> lease.Lease | None:
     """Process 0 takes the lease; every process raises LeaseError if it could not."""
     held, error = None, ""
     if jax.process_index() == 0:
         try:
-            held = lease.acquire(path)
+            held = lease.acquire(
+                path, ttl_seconds=plan.lease_ttl_seconds, renew_every=plan.lease_renew_seconds
+            )
         except lease.LeaseError as e:
             error = str(e)
     if jax.process_count() > 1:
@@ -98,7 +102,7 @@ def start(path: str, plan: Plan, trainer: Trainer) -> Started:
     created = not root.exists()
     if jax.process_index() == 0:
         root.mkdir(parents=True, exist_ok=True)
-    held = _acquire(root)
+    held = _acquire(root, plan)
     checkpoints = workdir.Checkpoints(path, keep=plan.keep, async_save=plan.async_save)
     try:
         state, rng_data, meta = _restore_or_init(path, plan, trainer, checkpoints)

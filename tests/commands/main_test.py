@@ -2,11 +2,16 @@
 
 One uninterrupted reference run, then the same command killed with SIGKILL (aimed at an async
 save), resumed and stopped with SIGTERM, resumed to the end: its parameters must be bit-identical
-to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must match one.
-All runs share a persistent compilation cache so only the first one pays for compiling.
+to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must match one; they
+stop together, with no device collective per step, through JAX's preemption sync point: SIGTERM
+to one process or to both saves the same step on both and exits 0, and the run resumes
+bit-identical to an uninterrupted two-process run; a lease lost by process 0 stops both with one
+line. All runs share a persistent compilation cache so only the first one pays for compiling.
 """
 
+import dataclasses
 import gzip
+import json
 import os
 import pathlib
 import re
@@ -20,6 +25,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import bundled
+from bertjax.training import lease, lease_stores
 from bertjax.training import workdir as workdir_lib
 from tests.pretrain.step_test import TINY_MODEL
 
@@ -214,21 +220,16 @@ def _flatten(tree, prefix=""):
             yield f"{prefix}{k}", np.asarray(v)
 
 
-def test_two_processes_match_one(env, reference):
+def _two_processes(env, workdir, *extra):
+    """``python -m bertjax.main`` as processes 0 and 1 of one run (gloo on localhost)."""
     _, corpus, environ = env
-    workdir = env[0] / "multihost"
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    procs = [
+    flags = (f"--coordinator_address=localhost:{port}", "--num_processes=2")
+    return [
         subprocess.Popen(
-            _command(
-                corpus,
-                workdir,
-                f"--coordinator_address=localhost:{port}",
-                "--num_processes=2",
-                f"--process_id={i}",
-            ),
+            _command(corpus, workdir, *flags, f"--process_id={i}", *extra),
             env=environ,
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -237,13 +238,117 @@ def test_two_processes_match_one(env, reference):
         )
         for i in range(2)
     ]
-    outputs = [p.communicate(timeout=400) for p in procs]
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+
+
+def _finish(procs, timeout=400) -> list[tuple[str, str]]:
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(out or "", err) for out, err in outputs]
+
+
+@pytest.fixture(scope="module")
+def two_process_reference(env):
+    workdir = env[0] / "multihost"
+    outputs = _finish(_two_processes(env, workdir, NO_EVAL))
+    return workdir, outputs
+
+
+def test_two_processes_match_one(two_process_reference, reference):
+    workdir, outputs = two_process_reference
+    for _, err in outputs:
+        assert "Traceback" not in err, err[-3000:]
     got, *_ = workdir_lib.latest_params(workdir)
     want, *_ = workdir_lib.latest_params(reference[0])
     for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def _signal_after_first_step(procs, targets, signum=signal.SIGTERM) -> str:
+    """Sends ``signum`` to ``procs[i]`` for i in ``targets`` once process 0 has logged step 1;
+    returns process 0's whole stdout."""
+    lines = []
+    for line in procs[0].stdout:
+        lines.append(line)
+        if line.startswith("step 1/"):
+            for i in targets:
+                procs[i].send_signal(signum)
+            break
+    lines.append(procs[0].stdout.read())
+    return "".join(lines)
+
+
+def _saved_step(stdout: str, workdir) -> int:
+    """The step process 0 announced saving, checked against the newest checkpoint on disk."""
+    match = re.search(r"^preemption notice .*: saving step (\d+)$", stdout, re.M)
+    assert match, stdout[-3000:]
+    step = int(match[1])
+    assert max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == step
+    return step
+
+
+# A save every step makes each step slow (it waits for the previous save), so that JAX's notifier,
+# which polls for SIGTERM once a second, sees it well before step 8; saves change nothing trained.
+SLOW_STEPS = "--config.checkpoint.every_steps=1"
+NO_EVAL = "--config.train.eval_every=0"  # the multi-process runs test stopping, not evaluation
+
+
+def test_sigterm_to_one_process_saves_one_step_on_both_and_resumes_bit_exact(
+    env, two_process_reference
+):
+    workdir = env[0] / "preempted"
+    procs = _two_processes(env, workdir, SLOW_STEPS, NO_EVAL)
+    stdout = _signal_after_first_step(procs, targets=[1])
+    outputs = _finish(procs)
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    stopped = _saved_step(stdout, workdir)
+    assert 1 <= stopped < NUM_STEPS and "final summary" not in stdout
+    outputs = _finish(_two_processes(env, workdir, NO_EVAL))  # resume to the end
+    for (out, err), process in zip(outputs, range(2), strict=True):
+        assert f"restored step {stopped} " in out + err, (process, err[-3000:])
+    got, *_ = workdir_lib.latest_params(workdir)
+    want, *_ = workdir_lib.latest_params(two_process_reference[0])
+    for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=key)
+
+
+def test_sigterm_to_both_processes_saves_one_step_and_exits_0(env):
+    workdir = env[0] / "both"
+    procs = _two_processes(env, workdir, "--config.train.num_steps=1000", NO_EVAL)
+    stdout = _signal_after_first_step(procs, targets=[0, 1])
+    outputs = _finish(procs)
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    assert _saved_step(stdout, workdir) >= 1
+    assert stdout.count("saving step") == 1
+
+
+def test_a_lost_lease_stops_both_processes_with_one_line(env):
+    workdir = env[0] / "lease"
+    procs = _two_processes(
+        env,
+        workdir,
+        "--config.train.num_steps=1000",
+        NO_EVAL,
+        "--config.checkpoint.lease_ttl_seconds=1",
+        "--config.checkpoint.lease_renew_seconds=0.1",
+    )
+    for line in procs[0].stdout:
+        if line.startswith("step 1/"):  # another run takes the workdir over
+            store = lease_stores.LocalStore(workdir)
+            intruder = dataclasses.replace(
+                lease.LeaseRecord.from_bytes(store.read().data, "test"),
+                host="other-host", pid=4242, token="intruder", renewed=time.time(),
+            )  # fmt: skip
+            store.replace(intruder.to_bytes(), store.read().version)
+            break
+    outputs = _finish(procs)
+    for p, (_, err), process in zip(procs, outputs, range(2), strict=True):
+        assert p.returncode == 1, (process, err[-3000:])
+        assert "Traceback" not in err
+        last = err.strip().splitlines()[-1]
+        assert re.fullmatch(r"main: error: .*: this run lost its lease .*", last), last
+    assert "taken over by host other-host pid 4242" in outputs[0][1]
+    assert json.loads((workdir / lease.LEASE_FILE).read_text())["token"] == "intruder"
 
 
 def test_bad_config_is_one_line_error(env):
