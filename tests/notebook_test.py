@@ -39,18 +39,19 @@ def cells(tmp_path_factory):
         pytest.importorskip(module)
     workdir = tmp_path_factory.mktemp("notebook")
     # The kernel inherits this environment: this checkout first on the path, one CPU device,
-    # the inline plot backend whatever MPLBACKEND says, data caches under the temporary dir.
+    # the inline plot backend whatever MPLBACKEND says, data caches under the temporary dir;
+    # no JAX_PLATFORMS, as on a Colab CPU runtime (bertjax chooses it: no accelerator here).
     env = {
         "BERTJAX_NOTEBOOK_SMOKE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-        "JAX_PLATFORMS": "cpu",
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
         "TMPDIR": str(workdir),
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
+        patch.delenv("JAX_PLATFORMS", raising=False)
         notebook = nbformat.read(NOTEBOOK, as_version=4)
         client = nbclient.NotebookClient(
             notebook,
@@ -68,6 +69,16 @@ def test_stored_without_outputs():
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, cell.id
+
+
+def test_no_accelerator_probe_lines_on_cpu(cells):
+    """What JAX and TensorFlow print when they look for a GPU or TPU that is not there (E0000
+    ``failed call to cuInit``, ``Could not find cuda drivers``, ``Unable to initialize backend``)
+    is not for a reader of the notebook."""
+    probe = re.compile(r"cuInit|cuda|CUDA|TPU backend|Unable to initialize backend|^[EW]0000 ")
+    for cell_id, cell in cells.items():
+        for line in _text(cell).splitlines() if cell.cell_type == "code" else []:
+            assert not probe.search(line), (cell_id, line)
 
 
 def test_pretraining_prints_progress(cells):

@@ -100,13 +100,14 @@ class Loop:
         self.summary: dict = {}
         self.last_saved = -1
         self.last_lr = float("nan")
+        self.eta_from: tuple[int, float] | None = None  # (step, time) of the first line
 
     def run(self, state, batches: Iterator[dict]) -> dict:
         """Trains ``state`` on host ``batches`` (this process's rows of each global batch)."""
         mesh, step = self.trainer.mesh, int(state.step)
         rng = sh.put_global(self.rng_data, NamedSharding(mesh, PartitionSpec()))
         self.last_saved = step if self.checkpoints.latest_step() == step else -1
-        pending, started, start_step = None, time.perf_counter(), step
+        pending, start_step = None, step
         while step < self.cadence.num_steps:
             if self._should_stop(step):
                 break
@@ -129,7 +130,7 @@ class Loop:
                 pending = None
                 self._check_lease(step)  # before the line's TensorBoard scalars, eval, save
             if log:
-                self._log(step, start_step, started)
+                self._log(step)
             if evaluate:
                 self._eval(step, state.params)
             if save:
@@ -189,7 +190,7 @@ class Loop:
         values.pop("nonfinite")
         self.window.add(values)
 
-    def _log(self, step: int, start_step: int, started: float) -> None:
+    def _log(self, step: int) -> None:
         if not self.window.sums:
             return
         report = self.report
@@ -205,8 +206,14 @@ class Loop:
             ),
             **report.summarize(self.window.sums),
         }
-        rate = (step - start_step) / max(time.perf_counter() - started, 1e-9)
-        eta = (self.cadence.num_steps - step) / rate
+        # The ETA is the rate since the first line: that line's one step includes compiling,
+        # so it has none ("?"), unless it is the last.
+        now, remaining = time.perf_counter(), self.cadence.num_steps - step
+        if self.eta_from is None:
+            self.eta_from, eta = (step, now), (0.0 if remaining == 0 else float("nan"))
+        else:
+            first_step, first_time = self.eta_from
+            eta = remaining * (now - first_time) / max(step - first_step, 1)
         line = metrics_lib.format_train_line(
             step, self.cadence.num_steps, values, self.last_lr, eta, report.short_names
         )
