@@ -3,7 +3,7 @@ through ``bertjax.interop``) fine-tuned on a real human-labelled sentiment set t
 package (the VADER lexicon, see ``bertjax.finetune.vader``) beats the majority class by far.
 
 The short run here trains on 256 words for one epoch; the full figure (4,468 train words, 3
-epochs: 97.1% against 56.0%) is in docs/finetuning.md.
+epochs: 96.6% against 56.0%) is in docs/finetuning.md.
 """
 
 import importlib.util
