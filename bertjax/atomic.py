@@ -30,7 +30,8 @@ the entries readers check to know the rest is complete, e.g. ``eval_results.json
 * *object store*: nothing is atomic across objects. The ``last`` objects the stage brings are
   deleted first (with ``replace=True`` the whole old prefix is), then every other file is
   uploaded, then the ``last`` ones: a reader that checks ``last`` first never takes a mixture
-  for complete.
+  for complete. Merging, an entry that is a directory replaces the old one as locally: the old
+  prefix's objects are deleted before the new ones are uploaded.
 
 Failures raise the store's own ``OSError`` (callers turn it into their one-line message).
 """
@@ -180,17 +181,23 @@ def _remove(path: str) -> None:
 def _upload(stage: str, dst: epath.Path, last: Sequence[str], replace: bool) -> None:
     names = _ordered(os.listdir(stage), last)
     for name in [n for n in names if n in last]:  # no old marker beside new, partial objects
-        marker = dst / name
-        if marker.is_dir():
-            marker.rmtree()
-        elif marker.exists():
-            marker.unlink()
+        _delete(dst / name)
     if replace and dst.exists():
         dst.rmtree()
     for name in names:
         source = os.path.join(stage, name)
+        if not replace and os.path.isdir(source):  # as _merge: none of the old entry's objects
+            _delete(dst / name)  # stays among the new ones (a checkpoint's would not verify)
         files = [source] if not os.path.isdir(source) else sorted(
             os.path.join(root, f) for root, _, fs in os.walk(source) for f in fs
         )  # fmt: skip
         for file in files:  # each object: one complete upload (no parent "directory" needed)
             epath.Path(file).copy(dst / os.path.relpath(file, stage), overwrite=True)
+
+
+def _delete(path: epath.Path) -> None:
+    """Deletes an object, or every object under a prefix; nothing there is fine."""
+    if path.is_dir():
+        path.rmtree()
+    elif path.exists():
+        path.unlink()

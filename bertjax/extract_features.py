@@ -17,7 +17,8 @@ popping from the longer side (``B`` on ties), a single sequence to ``max_seq_len
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
 ``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
-last batch is padded. The output file is written atomically (``bertjax.atomic``).
+last batch is padded. The output file is written atomically (``bertjax.atomic``). Every path may
+be on ``gs://``.
 """
 
 from __future__ import annotations
@@ -25,17 +26,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
+from etils import epath
 
 from bertjax import atomic, cli
 from bertjax.interop import formats
-from bertjax.interop.converted import Converted, ConvertError
+from bertjax.interop.converted import Converted, ConvertError, read_lines
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
 from bertjax.training import sharding as sh
@@ -59,14 +60,13 @@ class Feature:
 
 def read_examples(input_file: str) -> list[tuple[str, str | None]]:
     """Lines -> (text_a, text_b or None); ``A ||| B`` splits a pair as the original regex does."""
-    if not os.path.exists(input_file):
+    if not input_file or not epath.Path(input_file).exists():  # epath reads "" as "."
         raise ExtractError(f"--input_file={input_file}: file not found")
     examples = []
-    with open(input_file, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            match = _PAIR_RE.match(line)
-            examples.append((match.group(1), match.group(2)) if match else (line, None))
+    for line in read_lines(input_file):
+        line = line.strip()
+        match = _PAIR_RE.match(line)
+        examples.append((match.group(1), match.group(2)) if match else (line, None))
     return examples
 
 

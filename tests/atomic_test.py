@@ -192,3 +192,30 @@ def test_object_store_directory_hides_its_marker_until_the_end(bucket):
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert files == ["bucket/model/config.json", "bucket/model/model.safetensors",
                      "bucket/model/sub/vocab.txt"]  # fmt: skip
+
+
+def test_object_store_merge_replaces_a_directory_entry_whole(bucket):
+    """A finished fine-tuning rerun merges its outputs into a gs:// workdir again: none of the
+    old checkpoint's objects may stay among the new ones (orbax names its files anew on every
+    save, and a stale one fails the checkpoint's verification), as a local merge replaces the
+    directory; other entries stay; the marker goes first and comes back last."""
+    root, log = bucket
+    old = ("checkpoint/params/d/0ld", "checkpoint/bertjax_manifest.json", "tensorboard/events",
+           "eval_results.json")  # fmt: skip
+    for name in old:
+        (root / "bucket/run" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "bucket/run" / name).write_text("old")
+    with atomic.directory("gs://bucket/run", last=("eval_results.json",)) as stage:
+        for name in ("checkpoint/params/d/n3w", "checkpoint/bertjax_manifest.json",
+                     "eval_results.json"):  # fmt: skip
+            (pathlib.Path(stage) / name).parent.mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(stage) / name).write_text("new")
+    files = {str(p.relative_to(root / "bucket/run")): p.read_text()
+             for p in root.rglob("*") if p.is_file()}  # fmt: skip
+    assert files == {"checkpoint/bertjax_manifest.json": "new", "checkpoint/params/d/n3w": "new",
+                     "eval_results.json": "new", "tensorboard/events": "old"}  # fmt: skip
+    writes = [(op, path) for op, *paths in log for path in paths if op in ("copy", "remove",
+                                                                        "rmtree")]  # fmt: skip
+    assert writes[0] == ("remove", "gs://bucket/run/eval_results.json")
+    assert writes[-1] == ("copy", "gs://bucket/run/eval_results.json")
+    assert ("rmtree", "gs://bucket/run/checkpoint") in writes

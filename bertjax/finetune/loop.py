@@ -305,7 +305,8 @@ def _results(config, task, data, dev: dict, final_loss: float) -> dict:
 
 
 def predict(config, workdir: str) -> list[str]:
-    """Runs the fine-tuned ``workdir/checkpoint`` on the test splits present in data_dir."""
+    """Runs the fine-tuned ``workdir/checkpoint`` on the test splits present in data_dir;
+    -> the names of the files written into ``workdir/predictions``."""
     path = config.predict_checkpoint or os.path.join(workdir, "checkpoint")
     task, params, bert_config, _, _, tokenizer = inputs.prepare(config, checkpoint_path=path)
     splits = inputs.existing_splits(task, config, task.test_splits)
@@ -327,6 +328,9 @@ def predict(config, workdir: str) -> list[str]:
     predictor = Predictor(
         objective_for(task, model, example, mesh), mesh, config.mesh.rules, config.eval_batch_size
     )
-    out_dir = os.path.join(workdir, "predictions")
-    evaluate_and_write(predictor, task, params, data, splits, out_dir, with_labels=False)
-    return sorted(os.listdir(out_dir))
+    # Staged, then merged file by file into workdir/predictions: the train run's dev
+    # predictions stay, and a failure leaves the old files (bertjax.atomic.directory).
+    with atomic.directory(os.path.join(workdir, "predictions")) as stage:
+        evaluate_and_write(predictor, task, params, data, splits, stage, with_labels=False)
+        written = sorted(os.listdir(stage))
+    return written

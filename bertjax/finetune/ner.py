@@ -19,6 +19,7 @@ import io
 import os
 
 import numpy as np
+from etils import epath
 
 from bertjax import atomic
 from bertjax.finetune import metrics as M
@@ -62,7 +63,7 @@ class NerTask(Task):
 
     def split_path(self, data_dir: str, split: str) -> str:
         candidates = [os.path.join(data_dir, f) for f in _FILES[split]]
-        return next((p for p in candidates if os.path.exists(p)), candidates[0])
+        return next((p for p in candidates if epath.Path(p).exists()), candidates[0])
 
     def read(self, data_dir: str, split: str) -> list[Sentence]:
         path = self.split_path(data_dir, split)

@@ -23,7 +23,8 @@ give several features: SQuAD's doc-stride windows)::
 Skips that the official scripts also make (e.g. a SQuAD answer that cannot be recovered from the
 whitespace tokens, QQP lines with missing columns) are counted in ``Features.skipped`` / the
 task's ``skipped`` dict and reported in the metrics JSON; everything else malformed is a
-:class:`FinetuneInputError` naming the file and line.
+:class:`FinetuneInputError` naming the file and line. Task files are read through
+:func:`read_text` and looked for with ``etils.epath``: ``config.data_dir`` may be on ``gs://``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 import sys
 from collections.abc import Sequence
 
 import numpy as np
+from etils import epath
 
 HEADS = ("classification", "regression", "span", "tagging", "choice")
 DATA_SOURCES = ("files", "tfds")  # config.data_source
@@ -60,7 +61,7 @@ class Task:
         raise NotImplementedError
 
     def has_split(self, data_dir: str, split: str) -> bool:
-        return os.path.exists(self.split_path(data_dir, split))
+        return epath.Path(self.split_path(data_dir, split)).exists()
 
 
 @dataclasses.dataclass
@@ -83,11 +84,11 @@ def load_tokenizer(vocab_file: str, do_lower_case: bool):
 
 
 def read_text(path: str) -> str:
-    """A task file's text; FinetuneInputError naming it when it is missing or not UTF-8."""
-    if not os.path.isfile(path):
+    """A task file's text (local or ``gs://``); FinetuneInputError naming it when it is missing
+    or not UTF-8."""
+    if not epath.Path(path).is_file():
         raise FinetuneInputError(f"{path}: file not found")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = epath.Path(path).read_bytes()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

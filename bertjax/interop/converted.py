@@ -7,13 +7,20 @@ architecture, the vocab file the embedding rows refer to, its casing, and, for a
 model, its task (the ``task`` record of ``bertjax_checkpoint.json``,
 ``bertjax.training.checkpoint``). Any problem with a source is a :class:`ConvertError` whose
 one-line message names the file (and key) at fault.
+
+Paths are local or ``gs://`` (any ``etils.epath`` path: TensorFlow's file systems): every
+module of ``bertjax.interop`` checks and reads them through ``epath``, which answers a local path
+with ``os`` itself, so local behaviour is the standard library's. A storage client's own error (a
+forbidden bucket, retries spent) propagates, and commands print it as one line (``bertjax.cli``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import os
+
+from etils import epath
 
 from bertjax.model.config import BertConfig
 
@@ -37,13 +44,19 @@ class Converted:
     task: dict | None = None
 
 
+def read_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 text file, local or ``gs://``, exactly as
+    ``open(path, encoding="utf-8").readlines()`` gives them (universal newlines; a decoding
+    error is the same UnicodeDecodeError)."""
+    return io.TextIOWrapper(io.BytesIO(epath.Path(path).read_bytes()), encoding="utf-8").readlines()
+
+
 def read_json(path: str) -> dict:
     """A JSON object file; ConvertError naming ``path`` if missing, not UTF-8 JSON or no object."""
-    if not os.path.isfile(path):
+    if not epath.Path(path).is_file():
         raise ConvertError(f"{path}: file not found")
     try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read().decode("utf-8"))
+        value = json.loads(epath.Path(path).read_bytes().decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError, json.JSONDecodeError
         raise ConvertError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(value, dict):
@@ -77,8 +90,7 @@ def vocab_casing(vocab_file: str) -> bool:
     upper-case letter outside brackets (``[CLS]``, ``[unused0]``). Google's uncased vocabs have
     none, since their text was lower-cased before the vocab was built; its cased ones hold
     ``The``, ``A``, ... and lower-casing would never produce those."""
-    with open(vocab_file, encoding="utf-8") as f:
-        tokens = [line.strip() for line in f]
+    tokens = [line.strip() for line in read_lines(vocab_file)]
     return not any(
         token != token.lower() for token in tokens if not (token[:1] == "[" and token[-1:] == "]")
     )
@@ -86,11 +98,10 @@ def vocab_casing(vocab_file: str) -> bool:
 
 def check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:
     """The vocab must have one line per row of the word embedding ``weights``/``key``."""
-    if not os.path.exists(vocab_file):
+    if not epath.Path(vocab_file).exists():
         raise ConvertError(f"{vocab_file}: vocab file not found")
     try:
-        with open(vocab_file, encoding="utf-8") as f:
-            n = len(f.readlines())
+        n = len(read_lines(vocab_file))
     except UnicodeDecodeError as e:
         message = f"{vocab_file}: vocab file not UTF-8 ({e.reason} at byte {e.start})"
         raise ConvertError(message) from None

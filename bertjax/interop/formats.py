@@ -2,17 +2,15 @@
 
 Formats: ``hf`` (a HuggingFace directory, ``bertjax.interop.hf``), ``tf1`` (Google's original
 release, ``bertjax.interop.tf1``), ``bertjax`` (a params-only checkpoint) and ``workdir`` (a
-training workdir, read only; ``bertjax.interop.native``). :func:`detect_format` tells them apart
-by their files; :func:`load` reads any into a :class:`~bertjax.interop.converted.Converted`;
-:func:`save` writes one as ``bertjax`` or ``hf``; :func:`convert` does both (what
-``python -m bertjax.convert`` runs). Every failure is a
+training workdir, read only; ``bertjax.interop.native``), each local or on ``gs://``.
+:func:`detect_format` tells them apart by their files; :func:`load` reads any into a
+:class:`~bertjax.interop.converted.Converted`; :func:`save` writes one as ``bertjax`` or ``hf``;
+:func:`convert` does both (what ``python -m bertjax.convert`` runs). Every failure is a
 :class:`~bertjax.interop.converted.ConvertError` naming the file, and leaves nothing at the
 destination.
 """
 
 from __future__ import annotations
-
-import os
 
 from etils import epath
 
@@ -26,19 +24,19 @@ DESTINATIONS = ("bertjax", "hf")
 
 def detect_format(src: str) -> str:
     """'bertjax' | 'workdir' | 'hf' | 'tf1' from the files at ``src``."""
-    join = lambda name: os.path.join(src, name)
-    if os.path.exists(src + ".index"):
+    path = epath.Path(src)
+    if epath.Path(src + ".index").exists():
         return "tf1"
-    if not os.path.isdir(src):
+    if not src or not path.is_dir():  # epath reads "" as "."
         raise ConvertError(f"{src}: no such checkpoint directory")
     if checkpoint.is_params_checkpoint(src):
         return "bertjax"
     # Before config.json / bert_config.json: a workdir holds both next to its checkpoints.
-    if os.path.isdir(join(workdir.CHECKPOINTS_DIR)):
+    if (path / workdir.CHECKPOINTS_DIR).is_dir():
         return "workdir"
-    if os.path.exists(join("config.json")):
+    if (path / "config.json").exists():
         return "hf"
-    if os.path.exists(join("bert_config.json")):
+    if (path / "bert_config.json").exists():
         return "tf1"
     raise ConvertError(
         f"{src}: not a recognised checkpoint (no {checkpoint.META_FILE}, "

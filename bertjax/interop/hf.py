@@ -18,6 +18,8 @@ Reading accepts ``BertModel`` or composite key names, with or without the ``bert
 the MLM decoder weight/bias when they equal the tied embedding / output bias.
 ``is_decoder: true`` (HF's causally masked BertModel) is bertjax's ``attention='causal'``. A task
 model's labels (``id2label``), head and ``finetuning_task`` become the Converted's ``task``.
+A directory on ``gs://`` is read object by object: its weights are streamed into memory
+(``safetensors.numpy.load`` of the bytes, ``torch.load`` of a buffer), never staged on disk.
 
 Writing picks the class from the params' heads and the ``task`` record: pretraining heads ->
 ``BertForPreTraining``; at most a pooler -> ``BertModel`` (encoder-only params: load those with
@@ -32,9 +34,9 @@ transformers reads first, is removed first and uploaded last).
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import shutil
 
 import numpy as np
 from etils import epath
@@ -75,10 +77,10 @@ TASK_ARCHITECTURES = {
 
 def _weight_files(src: str) -> list[str]:
     for name in ("model.safetensors", "pytorch_model.bin"):
-        if os.path.exists(os.path.join(src, name)):
+        if epath.Path(os.path.join(src, name)).exists():
             return [os.path.join(src, name)]
         index = os.path.join(src, f"{name}.index.json")
-        if os.path.exists(index):
+        if epath.Path(index).exists():
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not all(
                 isinstance(f, str) for f in weight_map.values()
@@ -89,26 +91,30 @@ def _weight_files(src: str) -> list[str]:
 
 
 def _read_tensors(path: str) -> dict[str, np.ndarray]:
-    if not os.path.exists(path):
+    """A weights file's tensors. A local file is read in place (safetensors maps it); one on
+    ``gs://`` is streamed into memory, never copied to a local file."""
+    if not epath.Path(path).exists():
         raise ConvertError(f"{path}: weights file not found")
+    local = not atomic.is_object_store(path)
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file  # noqa: PLC0415 - only HF conversion needs it
+        import safetensors.numpy  # noqa: PLC0415 - only HF conversion needs it
 
-        reader = load_file
+        reader = safetensors.numpy.load_file if local else safetensors.numpy.load
     else:
         try:
             import torch  # noqa: PLC0415 - optional: only pytorch_model.bin needs it
         except ImportError:
             raise ConvertError(f"{path}: reading pytorch_model.bin needs torch") from None
 
-        def reader(name):
-            state = torch.load(name, map_location="cpu", weights_only=True)
+        def reader(source):
+            source = source if local else io.BytesIO(source)
+            state = torch.load(source, map_location="cpu", weights_only=True)
             return {
                 k: (v.float() if v.is_floating_point() else v).numpy() for k, v in state.items()
             }
 
     try:
-        return reader(path)
+        return reader(path if local else epath.Path(path).read_bytes())
     except Exception as e:  # noqa: BLE001 - corrupt/unsupported files: name the file, no traceback
         raise ConvertError(f"{path}: unreadable weights file ({type(e).__name__}: {e})") from None
 
@@ -210,7 +216,7 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
     vocab_file = os.path.join(src, "vocab.txt")
     check_vocab(vocab_file, cfg, source, "embeddings.word_embeddings.weight")
     tok_config = os.path.join(src, "tokenizer_config.json")
-    if os.path.exists(tok_config) and "do_lower_case" in read_json(tok_config):
+    if epath.Path(tok_config).exists() and "do_lower_case" in read_json(tok_config):
         do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
     casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
     return Converted(params, cfg, vocab_file, casing, task)
@@ -292,7 +298,8 @@ def write(dst: str, conv: Converted, *, overwrite: bool = False) -> str:
             for name, value in (("tokenizer_config.json", tok_config), ("config.json", hf_config)):
                 with open(os.path.join(stage, name), "w", encoding="utf-8") as f:
                     json.dump(value, f, indent=2)
-            shutil.copyfile(conv.vocab_file, os.path.join(stage, "vocab.txt"))
+            with open(os.path.join(stage, "vocab.txt"), "wb") as f:  # the vocab: local or gs://
+                f.write(epath.Path(conv.vocab_file).read_bytes())
     except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left at dst
         raise ConvertError(f"writing {dst} failed ({type(e).__name__}: {e})") from None
     return dst

@@ -5,12 +5,15 @@ A directory with ``bert_config.json``, ``bert_model.ckpt.{index,data-*}`` (or an
 ``hidden_act: gelu`` is the *tanh* approximation (bertjax ``gelu_tanh``). Weights are the
 encoder, pooler, MLM and NSP heads under the original names (``bertjax.interop.mapping``); only
 the optimizer slots ``*/adam_m``, ``*/adam_v`` and ``global_step`` are ignored. The release does
-not record its casing: the caller passes it, or asks for the casing its vocab implies.
+not record its casing: the caller passes it, or asks for the casing its vocab implies. On
+``gs://``, TensorFlow's own file system reads the checkpoint (``tf.train.load_checkpoint``).
 """
 
 from __future__ import annotations
 
 import os
+
+from etils import epath
 
 from bertjax.interop import mapping
 from bertjax.interop.converted import (
@@ -26,11 +29,12 @@ _OPTIMIZER_SLOTS = ("/adam_m", "/adam_v")
 
 def checkpoint_prefix(src: str) -> str:
     """``src`` as a checkpoint prefix: itself, or the one ``*.ckpt*.index`` in directory ``src``."""
-    if os.path.exists(src + ".index"):
+    if epath.Path(src + ".index").exists():
         return src
-    if not os.path.isdir(src):
+    if not src or not epath.Path(src).is_dir():
         raise ConvertError(f"{src}: no such TF1 checkpoint directory or prefix")
-    indexes = sorted(f for f in os.listdir(src) if ".ckpt" in f and f.endswith(".index"))
+    names = (p.name for p in epath.Path(src).iterdir())
+    indexes = sorted(f for f in names if ".ckpt" in f and f.endswith(".index"))
     if len(indexes) != 1:
         raise ConvertError(
             f"{src}: expected one TF1 checkpoint (bert_model.ckpt.index), found {indexes or 'none'}"
@@ -46,7 +50,7 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
     tf = startup.import_tensorflow()
 
     prefix = checkpoint_prefix(src)
-    directory = src if os.path.isdir(src) else os.path.dirname(prefix)
+    directory = src if epath.Path(src).is_dir() else os.path.dirname(prefix)
     config_path = os.path.join(directory, "bert_config.json")
     cfg = mapping.config_from_json(read_json(config_path), config_path, mapping.TF1_ACT)
     try:

@@ -1,6 +1,7 @@
 """Fixtures of the GCS tests: ``gcs``, one hermetic Cloud Storage per test session
-(``tests/gcs/emulator.py``), and ``gcs_data``, a corpus, its vocab, its pretraining TFRecords and
-a tiny model's params-only checkpoint on it.
+(``tests/gcs/emulator.py``); ``gcs_data``, a corpus, its vocab, its pretraining TFRecords and
+a tiny model's params-only checkpoint on it; ``gcs_hf``, that checkpoint as a HF directory on
+it, with local copies of both.
 
 Every test here uses ``gcs``, skipped with a one-line reason where the namespace cannot be made
 (not root, or ``unshare`` refused). Each module marks itself ``xdist_group("gcs")``: one
@@ -72,6 +73,29 @@ def upload(gcs: Emulator, pairs: dict[str, str]) -> None:
     )
 
 
+def upload_tree(gcs: Emulator, directory: pathlib.Path, prefix: str) -> None:
+    """Every file under local ``directory`` -> gs:// ``prefix``/its relative path."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    upload(gcs, {p: f"{prefix}/{p.relative_to(directory)}" for p in files})
+
+
+DOWNLOAD_TREE = """
+import os, sys
+from google.cloud import storage
+bucket, prefix = sys.argv[1][5:].split("/", 1)
+for blob in storage.Client().list_blobs(bucket, prefix=prefix + "/"):
+    target = os.path.join(sys.argv[2], blob.name[len(prefix) + 1 :])
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    blob.download_to_filename(target)
+"""
+
+
+def download_tree(gcs: Emulator, prefix: str, directory: pathlib.Path) -> pathlib.Path:
+    """Every object under gs:// ``prefix``/ -> local ``directory``/its relative name."""
+    gcs.python(DOWNLOAD_TREE, prefix, directory)
+    return directory
+
+
 @pytest.fixture(scope="session")
 def gcs_data(gcs, tmp_path_factory) -> Data:
     """40 chapters of the bundled corpus (as main_test) and the bundled vocab on gs://, and
@@ -94,3 +118,23 @@ def gcs_data(gcs, tmp_path_factory) -> Data:
     gcs.python(PARAMS_CHECKPOINT, f"{base}/params", f"{base}/vocab.txt", repr(TINY_MODEL), cwd=REPO)
     return Data(corpus, f"{base}/corpus.txt", f"{base}/vocab.txt",
                 f"{base}/tfrecords/train.tfrecord-*", result.stdout, f"{base}/params")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class HfCheckpoint:
+    path: str  # gs://: gcs_data's params as a HF BertForPreTraining directory
+    local: pathlib.Path  # the same directory on disk
+    local_params: pathlib.Path  # gcs_data.params on disk
+
+
+@pytest.fixture(scope="session")
+def gcs_hf(gcs, gcs_data, tmp_path_factory) -> HfCheckpoint:
+    """``gcs_data.params`` downloaded, converted to HF on disk (bertjax.interop, whose HF export is
+    checked against transformers in tests/interop) and uploaded."""
+    from bertjax.interop import formats  # noqa: PLC0415 - JAX and orbax: only when needed
+
+    root = tmp_path_factory.mktemp("gcs_hf")
+    params = download_tree(gcs, gcs_data.params, root / "params")
+    formats.convert(str(params), str(root / "hf"), "hf")
+    upload_tree(gcs, root / "hf", f"gs://{DATA_BUCKET}/hf")
+    return HfCheckpoint(f"gs://{DATA_BUCKET}/hf", root / "hf", params)

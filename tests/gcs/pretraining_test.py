@@ -20,6 +20,7 @@ lands exactly where it is meant to:
 """
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import time
 
 import pytest
 
-from tests.commands.faults_test import _one_line_error, _until_step
+from tests.commands.faults_test import _until_step
 from tests.commands.main_test import NUM_STEPS, _overrides, env
 from tests.gcs.conftest import REPO
 
@@ -118,6 +119,18 @@ def _name(request) -> str:
     return (query.get("name") or request["path"]).replace("%2F", "/")
 
 
+def _one_line_error(result) -> str:
+    """The one line a failed run printed on stderr, besides tensorstore's INFO line saying which
+    credentials it uses: tensorstore (orbax, reading the gs:// init checkpoint) logs it before
+    any absl logging is set up, and the fixture's GOOGLE_AUTH_TOKEN_FOR_TESTING is what it
+    reports here (``Using credentials at ...`` with real ones)."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.strip().splitlines()
+             if not re.match(r"I\d{4} .* google_auth_provider\.cc:\d+\] ", line)]  # fmt: skip
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
 def _media_reads(requests, prefix: str) -> dict[str, int]:
     """Object name under gs://WORK/``prefix`` (relative to it) -> bytes of it served by media
     downloads (JSON API ``alt=media``, or the XML API's paths)."""
@@ -133,7 +146,9 @@ def _media_reads(requests, prefix: str) -> dict[str, int]:
 
 def test_a_gcs_run_trains_checkpoints_and_writes_tensorboard(runs, reference):
     workdir, stdout, requests = reference
-    assert f"initialised params from {runs.overrides[-1].split('=', 1)[1]}\n" in stdout
+    init_checkpoint = runs.overrides[-1].split("=", 1)[1]
+    assert f"init_checkpoint {init_checkpoint} (bertjax): loaded encoder, pooler, mlm, nsp; " \
+           "initialised none\n" in stdout  # fmt: skip
     assert len([line for line in stdout.splitlines() if line.startswith("step ")]) == NUM_STEPS
     assert f"eval step {NUM_STEPS} mlm_loss" in stdout and "final summary:" in stdout
     names = runs.objects(f"{workdir}/")

@@ -1,0 +1,175 @@
+"""``python -m bertjax.finetune`` with its task data, init checkpoint and workdir on gs://, killed
+and resumed, against the same command with every path on local disk.
+
+A tiny MRPC fine-tune (tests/testdata/finetune/mrpc: 16 train pairs, batch 8, 4 epochs: 8 steps,
+a checkpoint every 2, dropout on) from ``gcs_hf``, the tiny model as a HF directory:
+
+1. the reference run reads its local copies and writes a local workdir;
+2. the same run on gs:// (``init_checkpoint``, ``data_dir`` and ``--workdir``) is killed with
+   SIGKILL while step 4's seal is held by the front, and rerun: it restores step 2 from the gs://
+   checkpoints and ends with the reference's fine-tuned params, bit for bit, its dev metrics,
+   and its prediction files, byte for byte, on gs://, beside TensorBoard's events;
+3. ``predict`` from that gs:// checkpoint into a new gs:// workdir writes the reference's test
+   predictions;
+4. a gs:// ``data_dir`` without the task's files is one line naming the gs:// file.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.gcs.conftest import DATA_BUCKET, REPO, download_tree, upload_tree
+
+pytestmark = pytest.mark.xdist_group("gcs")
+WORK = "bertjax-finetune"
+DATA = REPO / "tests/testdata/finetune/mrpc"
+
+FLAGS = [
+    "--config.task=mrpc",
+    "--config.max_seq_length=32",
+    "--config.batch_size=8",
+    "--config.eval_batch_size=8",
+    "--config.learning_rate=1e-3",
+    "--config.num_train_epochs=4",  # 16 pairs / 8 = 2 updates an epoch: 8 steps
+    "--config.log_every_steps=2",
+    "--config.checkpoint.every_steps=2",
+    "--config.checkpoint.keep=2",
+]
+
+SAME_PARAMS = """
+import json, sys
+import bertjax
+import numpy as np
+from bertjax.training import checkpoint
+
+def flat(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from flat(value, f"{prefix}{key}/")
+        else:
+            yield prefix + key, np.asarray(value)
+
+got, want = (dict(flat(checkpoint.load_params(p)[0])) for p in sys.argv[1:3])
+print(json.dumps(sorted(k for k in want.keys() | got.keys() if k not in got or k not in want
+                        or not np.array_equal(got[k], want[k]))))
+"""
+
+
+EXISTS = """
+import sys
+from google.cloud import storage
+bucket, name = sys.argv[1][5:].split("/", 1)
+print("yes" if storage.Client().bucket(bucket).blob(name).exists() else "", end="")
+"""
+
+
+@dataclasses.dataclass
+class Finetune:
+    gcs: object
+    environ: dict
+    init_checkpoint: str  # gs://
+    data_dir: str  # gs://
+
+    def command(self, workdir, *extra, local=None) -> list[str]:
+        init, data = local or (self.init_checkpoint, self.data_dir)
+        return [sys.executable, "-m", "bertjax.finetune", f"--config={REPO}/configs/"
+                "finetune_glue.py", f"--workdir={workdir}", f"--config.init_checkpoint={init}",
+                f"--config.data_dir={data}", *FLAGS, *extra]  # fmt: skip
+
+    def run(self, workdir, *extra, local=None):
+        command = self.command(workdir, *extra, local=local)
+        return self.gcs.run(command, env=self.environ, cwd=REPO, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def finetune(gcs, gcs_hf, tmp_path_factory):
+    gcs.create_bucket(WORK)
+    upload_tree(gcs, DATA, f"gs://{DATA_BUCKET}/mrpc")
+    root = tmp_path_factory.mktemp("finetune")
+    environ = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # a tiny model, 8 steps: compiling is the cost
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    return Finetune(gcs, environ, gcs_hf.path, f"gs://{DATA_BUCKET}/mrpc")
+
+
+@pytest.fixture(scope="module")
+def reference(finetune, gcs_hf, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("finetune_reference")
+    result = finetune.run(workdir, local=(gcs_hf.local, DATA))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir
+
+
+def test_a_gs_finetune_killed_mid_seal_resumes_to_the_local_result(gcs, finetune, reference,
+                                                                   tmp_path):  # fmt: skip
+    workdir = f"gs://{WORK}/run"
+    mark = gcs.mark()
+    held = [{"match": r"name=run%2Fcheckpoints%2F4%2Fbertjax_manifest.json", "fault": "hold",
+             "count": 1}]  # fmt: skip
+    with gcs.faults(held):
+        proc = gcs.popen(finetune.command(workdir), env=finetune.environ, cwd=REPO,
+                         stdout=-1, stderr=-1)  # fmt: skip
+        _wait_for_hold(gcs, mark, proc)
+    proc.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, err[-3000:]
+    assert "eval dev:" not in out  # killed before evaluating
+    resumed = finetune.run(workdir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in resumed.stdout
+    assert f"restored step 2 from {workdir}/checkpoints" in resumed.stdout
+    differ = json.loads(gcs.python(SAME_PARAMS, f"{workdir}/checkpoint",
+                                   str(reference / "checkpoint"), cwd=REPO))  # fmt: skip
+    assert differ == [], differ
+    got = download_tree(gcs, workdir, tmp_path / "run")
+    dev = lambda path: json.loads((path / "eval_results.json").read_text())["dev"]
+    assert dev(got) == dev(reference) and dev(got)["dev"]["num_examples"] == 8
+    files = lambda path: {p.name: p.read_bytes() for p in (path / "predictions").iterdir()}
+    assert files(got) == files(reference) and "MRPC.tsv" in files(got)
+    assert [p for p in (got / "tensorboard").iterdir() if p.name.startswith("events.out.")]
+
+
+def _wait_for_hold(gcs, mark, proc, timeout=240):
+    """Returns once the front holds a request after ``mark``; fails if ``proc`` ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if [r for r in gcs.requests(mark) if r["fault"] == "hold"]:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before step 4's seal: {proc.communicate()[1]}")
+        time.sleep(0.02)
+    raise AssertionError(f"step 4's seal was not held within {timeout} s")
+
+
+def test_predict_from_a_gs_checkpoint_into_a_gs_workdir(gcs, finetune, reference, tmp_path):
+    trained = f"gs://{WORK}/run/checkpoint"
+    if not gcs.python(EXISTS, f"{trained}/bertjax_checkpoint.json"):  # this test run alone
+        upload_tree(gcs, reference / "checkpoint", trained)
+    workdir = f"gs://{WORK}/predicted"
+    result = finetune.run(
+        workdir, "--config.mode=predict", f"--config.predict_checkpoint={trained}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "wrote MRPC.tsv"
+    got = download_tree(gcs, workdir, tmp_path / "predicted")
+    assert sorted(os.listdir(got)) == ["predictions"]
+    assert (got / "predictions/MRPC.tsv").read_bytes() == (
+        reference / "predictions/MRPC.tsv"
+    ).read_bytes()
+
+
+def test_a_gs_data_dir_without_the_task_files_is_one_line_naming_the_file(gcs, finetune):
+    data_dir = f"gs://{DATA_BUCKET}/no-mrpc"
+    result = finetune.run(f"gs://{WORK}/never", f"--config.data_dir={data_dir}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"finetune: error: {data_dir}/train.tsv: file not found"], lines
