@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from absl import app, flags
+from etils import epath
 
 from bertjax import atomic
 from bertjax.finetune.tasks import FinetuneInputError
@@ -59,7 +60,7 @@ def write_sst2(
     # Interleave classes deterministically before truncating, so small subsets stay balanced-ish.
     train = train[:: max(1, len(train) // max_train)][:max_train] if max_train else train
     dev = dev[:: max(1, len(dev) // max_dev)][:max_dev] if max_dev else dev
-    os.makedirs(out_dir, exist_ok=True)
+    epath.Path(out_dir).mkdir(parents=True, exist_ok=True)
     for name, rows in (("train", train), ("dev", dev)):
         text = "sentence\tlabel\n" + "".join(f"{w}\t{label}\n" for w, label in rows)
         atomic.write_text(os.path.join(out_dir, f"{name}.tsv"), text)
