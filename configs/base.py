@@ -42,6 +42,12 @@ def get_config() -> ml_collections.ConfigDict:
     # kernel in interpret mode). The same function either way; resolved into a kernel for the
     # mesh's platform when the step is built (bertjax.model.attention).
     config.model.attention_impl = "auto"
+    # Before the first step, a fused kernel is compared with the XLA path on the run's devices
+    # (its head size, dtype, dropout rate and masks; forward and q/k/v gradients; ~2.5 s CPU time
+    # on CPU, where 'fused' is the TPU kernel in interpret mode).
+    # A kernel that differs makes the run use 'xla', with one warning line and a note in the
+    # workdir's record (bertjax.training.kernel_check). False: no check.
+    config.model.attention_check = True
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
     # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still
     # see every position): the same loss and gradients, ~(L-1-P)/L of one layer's work less.

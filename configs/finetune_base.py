@@ -35,6 +35,7 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.model.scan_layers = False
     config.model.remat_policy = "none"
     config.model.attention_impl = "auto"  # auto | xla | fused (see configs/base.py)
+    config.model.attention_check = True  # the fused kernel's self-check (see configs/base.py)
 
     config.max_seq_length = 128
     config.batch_size = 32  # global train batch (paper: 32)

@@ -29,6 +29,7 @@ _MODEL_OVERRIDES = (
     "scan_layers",
     "remat_policy",
     "attention_impl",
+    "attention_check",
 )
 
 

@@ -57,6 +57,9 @@ class BertConfig:
     # into a kernel ('xla', 'tpu', 'gpu', 'tpu_interpret', 'gpu_interpret') when a step is built
     # for its mesh (bertjax.model.attention). An unresolved ask runs XLA.
     attention_impl: str = "auto"
+    # Before the first step a run compares its fused kernel with the XLA path on its own devices
+    # and falls back to XLA if they differ (bertjax.training.kernel_check). False: no check.
+    attention_check: bool = True
     # The XLA:CPU forms of bertjax.model.cpu_forms (2-D GEMM projections, a GEMV vocab-bias
     # gradient); set by bertjax.training.sharding.bert_config_for for a CPU mesh.
     cpu_forms: bool = False
@@ -108,6 +111,7 @@ class BertConfig:
         check(isinstance(self.gather_last_layer, bool), "gather_last_layer", "a bool")
         check(isinstance(self.scan_layers, bool), "scan_layers", "a bool")
         check(isinstance(self.cpu_forms, bool), "cpu_forms", "a bool")
+        check(isinstance(self.attention_check, bool), "attention_check", "a bool")
 
     @property
     def head_dim(self) -> int:
@@ -146,9 +150,8 @@ class BertConfig:
 
     def portable(self) -> BertConfig:
         """The form written beside weights: unscanned, runtime choices at their defaults."""
-        return self.replace(
-            scan_layers=False, remat_policy="none", attention_impl="auto", cpu_forms=False
-        )
+        runtime = dict(scan_layers=False, remat_policy="none", attention_impl="auto")
+        return self.replace(**runtime, cpu_forms=False, attention_check=True)
 
 
 # Model sizes. "base"/"large" are the paper's BERT-BASE and BERT-LARGE; "L{l}_H{h}_A{a}" are the

@@ -10,7 +10,8 @@ Pretraining and fine-tuning start the same way (the workdir layout and restore o
    (``workdir.check_resumable``), then the newest verified checkpoint is restored, else the
    run's initial params (a checkpoint's, through :class:`Plan`'s ``initial_params``) or a fresh
    init.
-3. **Accepted**: only now the run's record is written and saving opens. A run rejected in 2
+3. **Accepted**: only now the run's record is written (with what the attention kernel's
+   self-check decided, ``bertjax.training.kernel_check``) and saving opens. A run rejected in 2
    releases its lease and leaves the workdir as it was (a workdir directory it created is
    removed again if still empty).
 """
@@ -27,7 +28,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.model.config import BertConfig
-from bertjax.training import lease, lease_stores, workdir
+from bertjax.training import kernel_check, lease, lease_stores, workdir
 from bertjax.training.compiled import Trainer
 from bertjax.training.step import TrainState
 
@@ -116,7 +117,8 @@ def start(path: str, plan: Plan, trainer: Trainer) -> Started:
         raise
     if jax.process_index() == 0 and plan.vocab_file:
         workdir.write_record(
-            path, plan.bert_config, plan.vocab_file, plan.do_lower_case, plan.config_json
-        )
+            path, plan.bert_config, plan.vocab_file, plan.do_lower_case, plan.config_json,
+            kernel_check.record_for(plan.bert_config),
+        )  # fmt: skip
     checkpoints.open_for_writing()
     return Started(state, rng_data, meta, checkpoints, held)

@@ -56,7 +56,7 @@ CHECKPOINTS_DIR = "checkpoints"
 REJECTED_DIR = "checkpoints_rejected"
 FORMAT_VERSION = 2  # the steps carry manifests
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
-                  "cpu_forms", "gather_last_layer")  # fmt: skip
+                  "cpu_forms", "gather_last_layer", "attention_check")  # fmt: skip
 
 
 def read_record(workdir) -> dict | None:
@@ -93,8 +93,11 @@ def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_voc
     return record
 
 
-def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, config_json: str):
-    """Writes the run's record (each file atomically), once the run is accepted."""
+def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, config_json: str,
+                 attention_check: dict | None = None):  # fmt: skip
+    """Writes the run's record (each file atomically), once the run is accepted;
+    ``attention_check``: what the attention kernel's self-check decided
+    (``kernel_check.record_for``), or None when none ran."""
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -102,6 +105,8 @@ def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, con
         "do_lower_case": bool(do_lower_case),
         "vocab": vocab_fingerprint(vocab_file),
     }
+    if attention_check is not None:
+        meta["attention_check"] = attention_check
     atomic.write_text(root / VOCAB_FILE, epath.Path(vocab_file).read_text())
     atomic.write_text(root / CONFIG_FILE, bert_config.portable().to_json())
     atomic.write_text(root / "config.json", config_json)

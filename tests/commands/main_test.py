@@ -372,3 +372,40 @@ def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
     assert "error: non-finite loss or gradient at step 2" in result.stderr
     steps = [p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps == [], steps  # step 2 (a checkpoint step) was not saved
+
+
+# The TPU kernel (interpret mode on CPU) with its output scaled: wrong by 2%.
+_WRONG_KERNEL = """
+from bertjax.model.attention import tpu
+_flash_attention = tpu.flash_attention
+tpu.flash_attention = lambda *args, **kwargs: _flash_attention(*args, **kwargs) * 1.02
+"""
+
+
+@pytest.mark.parametrize("wrong", [True, False], ids=["wrong_kernel", "kernel"])
+def test_attention_self_check_falls_back_to_xla_with_one_line_and_a_record(env, wrong):
+    """--config.model.attention_impl=fused: a wrong kernel makes the run use 'xla' (one warning
+    line naming the largest difference, written down in the workdir's record); the kernel as it
+    is passes and the run uses it."""
+    _, corpus, environ = env
+    workdir = env[0] / f"self_check_{wrong}"
+    command = _command(corpus, workdir, "--config.model.attention_impl=fused",
+                       "--config.train.num_steps=2", "--config.train.eval_every=0")  # fmt: skip
+    script = (_WRONG_KERNEL if wrong else "") + (
+        f"import sys\nsys.argv = {command[2:]!r}\nfrom bertjax import main\nmain.main()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], env=environ, cwd=REPO,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    warnings = [line for line in output.splitlines() if "attention self-check" in line]
+    record = json.loads((workdir / workdir_lib.META_FILE).read_text())["attention_check"]
+    if wrong:
+        assert len(warnings) == 1 and warnings[0].startswith("WARNING: "), warnings
+        assert "differs from the float32 truth by" in warnings[0], warnings
+        assert (record["runs"], record["passed"]) == ("xla", False)
+    else:
+        assert warnings == [], warnings
+        assert (record["runs"], record["passed"]) == ("tpu_interpret", True)
+    assert record["kernel"] == "tpu_interpret" and record["head_dim"] == 16
+    assert len([line for line in result.stdout.splitlines() if line.startswith("step ")]) == 2

@@ -1,0 +1,170 @@
+"""A fused attention kernel against the XLA path, on a device, at a run's head size and dtype.
+
+Interpret mode is not the hardware (matmul precision and the Mosaic/Triton lowerings differ), so
+a run checks its kernel where it runs (``bertjax.training.kernel_check``). :func:`compare` runs
+:func:`bertjax.model.attention.attention` with ``kernel`` and with ``'xla'`` on a small input:
+
+* shapes: batch 2, 2 heads, 128 positions (one 128-lane block of the TPU kernel; two 64-row
+  blocks of the GPU kernel), the run's head size ``D``;
+* masks: example 0 all real, example 1 padded after position 77; causal if the run is;
+* the run's dtype and attention dropout rate, dropout on (the counter hash of ``dropout.py``
+  draws the same mask on both paths). For the 'gpu' kernel also with dropout off, because there
+  a call without dropout may run another kernel (cuDNN's, ``gpu/cudnn.py``: evaluation).
+
+It compares the context and the gradients of q, k and v of ``sum(context * cotangent)``. Both
+paths are held to the float32 truth (the XLA path in float32 at the highest matmul precision):
+the kernel passes when, for every output, ``|kernel - truth| <= 2 |xla - truth| + floor * s``
+with ``s = max |truth|`` and ``floor`` the dtype's (``FLOORS``). The kernel may thus be as
+inexact as the XLA path the run would otherwise use (an f32 dot in bf16 passes on a TPU is
+allowed where XLA does the same, not where XLA does not), and never worse than the floor by
+more than that. A wrong kernel (a scale, a mask, a dropout mask or a gradient off) misses by
+orders of magnitude more.
+
+Cost: a compile and a run of each of three paths (kernel, XLA, truth) per dropout setting. On
+CPU, with the TPU kernel in interpret mode, D = 64, float32, dropout 0.1 (measured 2026-11-25 in
+a fresh process on a shared 2-core machine, load average ~10): 2.5 s of CPU time, 3.7-4.3 s
+wall; through ``bertjax.training.kernel_check`` 5-6 s wall at that load, for float32, bfloat16
+and causal alike. On a TPU or GPU the kernel compiles natively and runs in well under that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.model import attention
+
+BATCH, HEADS, LENGTH = 2, 2, 128
+_PADDED_AFTER = 77  # example 1's real tokens; example 0 is all real
+_SEED = np.array([0x243F6A88, 0x85A308D3], np.uint32)
+# Allowed error beyond twice the XLA path's own, as a fraction of the output's largest magnitude.
+FLOORS = {"float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
+OUTPUTS = ("context", "dq", "dk", "dv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One output of one setting: the kernel's and the XLA path's error against the truth."""
+
+    output: str  # 'context', 'dq', 'dk' or 'dv'
+    dropout: bool
+    kernel_error: float  # max |kernel - truth|
+    xla_error: float  # max |xla - truth|
+    scale: float  # max |truth|
+    floor: float  # the dtype's FLOORS entry
+
+    @property
+    def allowed(self) -> float:
+        return 2.0 * self.xla_error + self.floor * self.scale
+
+    @property
+    def ratio(self) -> float:
+        """kernel error / allowed error (> 1: the kernel fails); NaN counts as failing."""
+        ratio = self.kernel_error / max(self.allowed, np.finfo(np.float32).tiny)
+        return ratio if np.isfinite(ratio) else np.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What :func:`compare` found: ``worst`` is the output closest to (or furthest past) its
+    allowance."""
+
+    kernel: str
+    device: str
+    head_dim: int
+    dtype: str
+    dropout_rate: float
+    causal: bool
+    differences: tuple[Difference, ...]
+    seconds: float
+
+    @property
+    def worst(self) -> Difference:
+        return max(self.differences, key=lambda d: d.ratio)
+
+    @property
+    def passed(self) -> bool:
+        return self.worst.ratio <= 1.0
+
+    def describe(self) -> str:
+        """One line: the largest difference with its allowance."""
+        worst = self.worst
+        setting = "with dropout" if worst.dropout else "without dropout"
+        return (
+            f"{worst.output} {setting} differs from the float32 truth by {worst.kernel_error:.3g} "
+            f"(XLA path: {worst.xla_error:.3g}, allowed {worst.allowed:.3g}, largest value "
+            f"{worst.scale:.3g})"
+        )
+
+    def to_dict(self) -> dict:
+        worst = self.worst
+        return {
+            "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
+            "dtype": self.dtype, "dropout_rate": self.dropout_rate, "causal": self.causal,
+            "passed": self.passed, "worst_output": worst.output, "worst_dropout": worst.dropout,
+            "kernel_error": worst.kernel_error, "xla_error": worst.xla_error,
+            "allowed": worst.allowed, "seconds": round(self.seconds, 3),
+        }  # fmt: skip
+
+
+def _inputs(head_dim: int, dtype, device):
+    """q (scaled), k, v <dtype>[B, L, N, D], key mask <int32>[B, L], cotangent <float32>[B, L, N, D]
+    (float32 copies of q, k, v too, for the truth), on ``device``."""
+    rng = np.random.default_rng(0)
+    shape = (BATCH, LENGTH, HEADS, head_dim)
+    query = rng.normal(size=shape) * 2 / np.sqrt(head_dim)
+    key, value, cotangent = (rng.normal(size=shape) for _ in range(3))
+    real = np.array([LENGTH, _PADDED_AFTER])
+    key_mask = (np.arange(LENGTH)[None] < real[:, None]).astype(np.int32)
+    # Rounded to the run's dtype first, so that the truth sees the very inputs the paths see.
+    low = [np.asarray(jnp.asarray(x, dtype)) for x in (query, key, value)]
+    put = lambda x: jax.device_put(x, device)
+    return (
+        tuple(put(x) for x in low),
+        tuple(put(x.astype(np.float32)) for x in low),
+        put(key_mask),
+        put(cotangent.astype(np.float32)),
+    )
+
+
+def _value_and_grads(kernel, qkv, key_mask, cotangent, *, causal, rate, seed):
+    """(context, dq, dk, dv) <float32> of sum(context * cotangent), jitted."""
+
+    def loss(query, key, value):
+        context = attention.attention(
+            query, key, value, key_mask, causal=causal, query_positions=None,
+            dropout_rate=rate, dropout_seed=seed, kernel=kernel,
+        )  # fmt: skip
+        return jnp.sum(context.astype(jnp.float32) * cotangent), context
+
+    grads, context = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(*qkv)
+    return [np.asarray(x, np.float32) for x in (context, *grads)]
+
+
+def compare(kernel: str, *, head_dim: int, dtype: str, dropout_rate: float, causal: bool,
+            device=None) -> Outcome:  # fmt: skip
+    """Runs ``kernel`` (a resolved fused kernel: 'tpu', 'gpu', 'tpu_interpret', 'gpu_interpret')
+    and the XLA path on ``device`` (default: JAX's default device); see the module docstring."""
+    began = time.perf_counter()
+    device = device or jax.devices()[0]
+    qkv, qkv32, key_mask, cotangent = _inputs(head_dim, jnp.dtype(dtype), device)
+    seed = jax.device_put(_SEED, device)
+    floor, differences = FLOORS[str(jnp.dtype(dtype))], []
+    rates = (dropout_rate, 0.0) if kernel == "gpu" and dropout_rate > 0 else (dropout_rate,)
+    for rate in rates:
+        options = dict(causal=causal, rate=rate, seed=seed)
+        got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
+        xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
+        with jax.default_matmul_precision("highest"):
+            truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
+        for name, g, x, t in zip(OUTPUTS, got, xla, truth, strict=True):
+            error, xla_error, scale = (float(np.abs(d).max()) for d in (g - t, x - t, t))
+            differences.append(Difference(name, rate > 0, error, xla_error, scale, floor))
+    return Outcome(
+        kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate), causal,
+        tuple(differences), time.perf_counter() - began,
+    )  # fmt: skip

@@ -1,0 +1,115 @@
+"""The kernel check where a step is built for its mesh (``sharding.bert_config_for``): a fused
+kernel that passes is kept, one that fails (here: the Pallas TPU kernel in interpret mode with
+its output scaled by 1.02) gives 'xla' with one warning line and a record; the check runs once
+per process and not at all for 'xla', with ``attention_check=False`` or for devices this
+process cannot run."""
+
+import re
+
+import jax
+import pytest
+
+from bertjax.model.attention import self_check, tpu
+from bertjax.model.config import BertConfig
+from bertjax.training import kernel_check
+from bertjax.training import sharding as sh
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+CONFIG = BertConfig(
+    vocab_size=64, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
+    attention_impl="fused", attention_dropout_rate=0.1,
+)  # fmt: skip
+WARNING = re.compile(r"^WARNING: attention self-check failed: .*$", re.M)
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(monkeypatch):
+    """What a new process starts with: no check run yet; counts the checks run."""
+    monkeypatch.setattr(kernel_check, "_outcomes", {})
+    monkeypatch.setattr(kernel_check, "_decisions", {})
+    calls = []
+    compare = self_check.compare
+
+    def counted(*args, **kwargs):
+        calls.append((args, kwargs))
+        return compare(*args, **kwargs)
+
+    monkeypatch.setattr(self_check, "compare", counted)
+    return calls
+
+
+def _wrong_kernel(monkeypatch):
+    flash_attention = tpu.flash_attention
+    monkeypatch.setattr(
+        tpu, "flash_attention", lambda *args, **kwargs: flash_attention(*args, **kwargs) * 1.02
+    )
+
+
+def test_a_correct_kernel_is_kept_once_checked(fresh_process, capsys):
+    mesh = sh.create_mesh((2, 2, 2))
+    assert sh.bert_config_for(CONFIG, mesh).attention_impl == "tpu_interpret"
+    assert sh.bert_config_for(CONFIG, mesh).attention_impl == "tpu_interpret"  # the eval step's
+    assert len(fresh_process) == 1  # once per process
+    (args, kwargs), = fresh_process  # fmt: skip
+    assert args == ("tpu_interpret",) and kwargs["device"] == mesh.devices.flat[0]
+    assert (kwargs["head_dim"], kwargs["dtype"], kwargs["dropout_rate"]) == (32, "float32", 0.1)
+    record = kernel_check.record_for(CONFIG)
+    assert record["passed"] and record["runs"] == "tpu_interpret"
+    assert "WARNING" not in capsys.readouterr().out
+
+
+def test_a_wrong_kernel_falls_back_to_xla_with_one_line(monkeypatch, capsys):
+    _wrong_kernel(monkeypatch)
+    causal = CONFIG.replace(attention="causal", dtype="bfloat16")
+    fitted = sh.bert_config_for(causal, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    assert fitted.attention_impl == "xla" and fitted.cpu_forms
+    out = capsys.readouterr().out
+    assert len(WARNING.findall(out)) == 1 and len(out.splitlines()) == 1, out
+    assert "'tpu_interpret' kernel's" in out and "differs from the float32 truth by" in out
+    assert "attention_impl='xla'" in out
+    record = kernel_check.record_for(causal)
+    assert record == kernel_check.record_for(fitted)  # the record of the run as it runs
+    assert not record["passed"] and record["runs"] == "xla" and record["causal"]
+    assert record["kernel_error"] > record["allowed"] and record["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [CONFIG.replace(attention_check=False), CONFIG.replace(attention_impl="xla"),
+     CONFIG.replace(attention_impl="auto")],  # XLA on CPU
+)  # fmt: skip
+def test_nothing_is_checked_without_a_fused_kernel_or_with_the_check_off(
+    monkeypatch, fresh_process, config
+):
+    _wrong_kernel(monkeypatch)  # would fail, were it checked
+    fitted = sh.bert_config_for(config, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    assert fitted.attention_impl == ("tpu_interpret" if config.attention_impl == "fused" else "xla")
+    assert not fresh_process and kernel_check.record_for(config) is None
+
+
+def test_a_mesh_of_devices_this_process_cannot_run_is_not_checked(fresh_process):
+    """``python -m bertjax.compile``'s mesh of a TPU topology's devices."""
+    topologies = pytest.importorskip("jax.experimental.topologies")
+    try:
+        devices = topologies.get_topology_desc("v5e:2x2", "tpu").devices
+    except Exception as e:  # noqa: BLE001 - no libtpu here
+        pytest.skip(f"no TPU topology: {e}")
+    fitted = sh.bert_config_for(CONFIG, sh.create_mesh((4, 1, 1), devices))
+    assert fitted.attention_impl == "tpu" and not fresh_process
+
+
+def test_a_kernel_failing_on_another_process_makes_every_process_use_xla(monkeypatch, capsys):
+    """All processes must compile the same step: one failure anywhere means 'xla' everywhere."""
+    gathered = []
+
+    def allgather(passed):
+        gathered.append(int(passed))
+        return [int(passed), 0]  # process 1's check failed
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(kernel_check.multihost_utils, "process_allgather", allgather)
+    fitted = sh.bert_config_for(CONFIG, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    assert gathered == [1] and fitted.attention_impl == "xla"
+    (line,) = capsys.readouterr().out.splitlines()
+    assert WARNING.match(line) and "on processes [1]" in line, line
+    assert kernel_check.record_for(CONFIG)["failed_processes"] == [1]
