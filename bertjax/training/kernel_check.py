@@ -92,7 +92,8 @@ def checked(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
         if outcome.passed:
             what = f"the {kernel!r} kernel differs from the XLA path on processes {failed}"
         else:
-            what = f"the {kernel!r} kernel's {outcome.describe()} on {outcome.device}"
+            owner = f"the {kernel!r} kernel" + ("" if outcome.error else "'s")
+            what = f"{owner} {outcome.describe()} on {outcome.device}"
         print(
             f"WARNING: attention self-check failed: {what}; this run uses attention_impl='xla' "
             "(config.model.attention_check=False skips the check)",

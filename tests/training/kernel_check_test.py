@@ -73,6 +73,27 @@ def test_a_wrong_kernel_falls_back_to_xla_with_one_line(monkeypatch, capsys):
     assert record["kernel_error"] > record["allowed"] and record["dtype"] == "bfloat16"
 
 
+def test_a_kernel_that_raises_falls_back_to_xla_with_one_line(monkeypatch, capsys):
+    """On a device the kernel may not even compile (a Mosaic or Triton lowering error)."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Mosaic failed to compile TPU kernel: unsupported shape\nmore detail")
+
+    monkeypatch.setattr(tpu, "flash_attention", broken)
+    fitted = sh.bert_config_for(CONFIG, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    assert fitted.attention_impl == "xla"
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) == 1, out
+    expected = (
+        "the 'tpu_interpret' kernel raised RuntimeError: Mosaic failed to compile TPU kernel: "
+        "unsupported shape on cpu; this run uses attention_impl='xla'"
+    )
+    assert expected in out, out
+    record = kernel_check.record_for(CONFIG)
+    assert not record["passed"] and record["runs"] == "xla"
+    assert record["error"].endswith("unsupported shape")
+
+
 @pytest.mark.parametrize(
     "config",
     [CONFIG.replace(attention_check=False), CONFIG.replace(attention_impl="xla"),
@@ -87,8 +108,11 @@ def test_nothing_is_checked_without_a_fused_kernel_or_with_the_check_off(
     assert not fresh_process and kernel_check.record_for(config) is None
 
 
-def test_a_mesh_of_devices_this_process_cannot_run_is_not_checked(fresh_process):
+@pytest.mark.xdist_group("compile_test")  # one libtpu client per worker
+def test_a_mesh_of_devices_this_process_cannot_run_is_not_checked(fresh_process, monkeypatch):
     """``python -m bertjax.compile``'s mesh of a TPU topology's devices."""
+    monkeypatch.setenv("TPU_SKIP_MDS_QUERY", "1")  # as bertjax.compile sets them
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     topologies = pytest.importorskip("jax.experimental.topologies")
     try:
         devices = topologies.get_topology_desc("v5e:2x2", "tpu").devices

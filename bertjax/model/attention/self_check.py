@@ -18,7 +18,8 @@ with ``s = max |truth|`` and ``floor`` the dtype's (``FLOORS``). The kernel may 
 inexact as the XLA path the run would otherwise use (an f32 dot in bf16 passes on a TPU is
 allowed where XLA does the same, not where XLA does not), and never worse than the floor by
 more than that. A wrong kernel (a scale, a mask, a dropout mask or a gradient off) misses by
-orders of magnitude more.
+orders of magnitude more. A kernel that raises (it does not lower, compile or run on this
+device) fails too, with the first line of its error.
 
 Cost: a compile and a run of each of three paths (kernel, XLA, truth) per dropout setting. On
 CPU, with the TPU kernel in interpret mode, D = 64, float32, dropout 0.1 (measured 2026-11-25 in
@@ -81,6 +82,7 @@ class Outcome:
     causal: bool
     differences: tuple[Difference, ...]
     seconds: float
+    error: str = ""  # the first line of what the kernel raised ("" when it ran)
 
     @property
     def worst(self) -> Difference:
@@ -88,10 +90,12 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return self.worst.ratio <= 1.0
+        return not self.error and self.worst.ratio <= 1.0
 
     def describe(self) -> str:
-        """One line: the largest difference with its allowance."""
+        """One line: what the kernel raised, or the largest difference with its allowance."""
+        if self.error:
+            return f"raised {self.error}"
         worst = self.worst
         setting = "with dropout" if worst.dropout else "without dropout"
         return (
@@ -101,6 +105,12 @@ class Outcome:
         )
 
     def to_dict(self) -> dict:
+        if self.error:
+            return {
+                "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
+                "dtype": self.dtype, "dropout_rate": self.dropout_rate, "causal": self.causal,
+                "passed": False, "error": self.error, "seconds": round(self.seconds, 3),
+            }  # fmt: skip
         worst = self.worst
         return {
             "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
@@ -157,7 +167,15 @@ def compare(kernel: str, *, head_dim: int, dtype: str, dropout_rate: float, caus
     rates = (dropout_rate, 0.0) if kernel == "gpu" and dropout_rate > 0 else (dropout_rate,)
     for rate in rates:
         options = dict(causal=causal, rate=rate, seed=seed)
-        got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
+        try:
+            got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
+        except Exception as e:  # a kernel that does not lower, compile or run here fails too
+            lines = str(e).strip().splitlines()
+            return Outcome(
+                kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate),
+                causal, tuple(differences), time.perf_counter() - began,
+                error=f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": "),
+            )  # fmt: skip
         xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
         with jax.default_matmul_precision("highest"):
             truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
