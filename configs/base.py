@@ -50,8 +50,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.attention_check = True
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at
     # [CLS] and the masked positions (the only ones the MLM/NSP heads read; keys and values still
-    # see every position): the same loss and gradients, ~(L-1-P)/L of one layer's work less.
-    # Unscanned layers only (scan_layers runs the last layer in full). False: every position.
+    # see every position): the same loss and gradients (with dropout, the gathered rows draw
+    # other masks of the same rate), ~(L-1-P)/L of one layer's work less (docs/benchmarks.md,
+    # "The gathered last layer"). Unscanned layers only (scan_layers runs the last layer in
+    # full). False: every position.
     config.model.gather_last_layer = True
 
     # ---- data (owner: bertjax.data.pipeline; batch contract in its docstring) ----

@@ -31,10 +31,9 @@ def get_config(size: str = "base"):
     config.model.max_position_embeddings = 512
     # As they run well on a TPU: bf16 compute with fp32 params and optimizer state; attention
     # 'auto' (the Pallas flash kernel with the paper's attention dropout on TPU); no remat. By
-    # the TPU compiler's counts (docs/benchmarks.md, "Paper configs on TPU slices"), BERT-large at
-    # 512 on v5litepod-16 needs 8.8 of 15.75 GiB per chip without remat and has the lowest
-    # roofline bound of every policy (fused: none 130 ms, dots_attention 132, attention 134,
-    # dots 139, full 146; XLA attention with dots: 163); it fits every slice of that table.
+    # the TPU compiler's counts, without remat every paper config fits every slice of
+    # docs/benchmarks.md ("Paper configs on TPU slices"), with a roofline bound within 0.5% of the
+    # lowest remat policy's ("Fused attention and remat on TPU"); the figures live there only.
     config.model.dtype = "bfloat16"
     config.model.attention_impl = "auto"
     config.model.remat_policy = "none"

@@ -3,7 +3,8 @@
 The model only ever sees a frozen ``BertConfig``, never the run config. Architecture fields
 (sizes, activation, dropout rates) travel with checkpoints as ``bert_config.json``; runtime fields
 (``dtype``, ``param_dtype``, ``scan_layers``, ``remat_policy``, ``attention_impl``,
-``cpu_forms``, ``gather_last_layer``) change speed or memory, never the function computed;
+``cpu_forms``, ``gather_last_layer``) change speed or memory, never the function computed (with
+dropout, ``gather_last_layer`` draws other masks of the same rate for the last layer's rows);
 ``attention_impl`` and ``cpu_forms`` are fitted to the platform when a step is built for its mesh
 (``bertjax.training.sharding.bert_config_for``).
 """
@@ -65,8 +66,10 @@ class BertConfig:
     cpu_forms: bool = False
     # Pretraining runs the last layer's queries, attention output, FFN and LayerNorms only at the
     # positions its heads read ([CLS] and the masked positions; K/V still see every position):
-    # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less. A runtime choice
-    # like dtype. Unscanned layers only (with scan_layers the last layer runs in full).
+    # the same loss and gradients for ~(L - 1 - P) / L of one layer's work less (with dropout,
+    # the gathered rows draw other masks of the same rate). A runtime choice like dtype. The
+    # whole of it is bertjax.model.encoder's LayerStack and EncoderLayer; attention only takes
+    # query positions. Unscanned layers only (with scan_layers the last layer runs in full).
     gather_last_layer: bool = True
 
     def __post_init__(self):

@@ -153,17 +153,17 @@ class SelfAttention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, input_mask, deterministic: bool, query_positions=None):
-        """<dtype>[B, L, H], <int32>[B, L] input mask -> <dtype>[B, Q, H].
+    def __call__(self, queries_in, x, input_mask, deterministic: bool, query_positions=None):
+        """<dtype>[B, Q, H] query inputs, <dtype>[B, L, H] key/value inputs, <int32>[B, L] input
+        mask -> <dtype>[B, Q, H].
 
-        Queries are every position (Q = L), or only ``query_positions`` <int32>[B, Q] (keys and
-        values are always every position).
+        ``queries_in`` is ``x`` (Q = L), or its rows at ``query_positions`` <int32>[B, Q]
+        (:class:`EncoderLayer` gathers them).
         """
         cfg = self.config
         qkv_axes = (sh.EMBED, sh.HEADS, sh.KV)
         features = (cfg.num_heads, cfg.head_dim)
         length_axis = sh.ACT_LENGTH if query_positions is None else None  # Q: never sharded
-        queries_in = x if query_positions is None else gather_positions(x, query_positions)
         query = Dense(features, qkv_axes, cfg, name="query")(queries_in)  # [B, Q, N, D]
         key = Dense(features, qkv_axes, cfg, name="key")(x)  # [B, L, N, D]
         value = Dense(features, qkv_axes, cfg, name="value")(x)
@@ -208,11 +208,13 @@ class EncoderLayer(nn.Module):
         cfg = self.config
         length_axis = sh.ACT_LENGTH if query_positions is None else None
         act_axes = (sh.ACT_BATCH, length_axis, sh.ACT_EMBED)
-        h = SelfAttention(cfg, name="attention")(x, input_mask, deterministic, query_positions)
+        # The one gather of the gathered last layer: its queries and residual stream.
+        queries_in = x if query_positions is None else gather_positions(x, query_positions)
+        h = SelfAttention(cfg, name="attention")(
+            queries_in, x, input_mask, deterministic, query_positions
+        )
         h = Dropout(cfg.hidden_dropout_rate)(h, deterministic=deterministic)
-        if query_positions is not None:
-            x = gather_positions(x, query_positions)
-        x = layer_norm(cfg, "attention_layer_norm")(x + h)
+        x = layer_norm(cfg, "attention_layer_norm")(queries_in + h)
         x = nn.with_logical_constraint(x, act_axes)
         h = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x)
         h = nn.with_logical_constraint(

@@ -122,6 +122,20 @@ def test_meshes_match_single_device(mesh_shape):
         )
 
 
+def test_gathered_last_layer_step_equals_the_full_last_layer():
+    """The default step runs the last layer only at [CLS] and the masked positions
+    (``model.gather_last_layer``); with it off the last layer runs at every position. Three real
+    steps of each give the same losses and params. No dropout (tiny_config): a gathered row draws
+    its dropout mask from its row of the [B, 1 + P, ...] array, not of [B, L, ...], so with dropout
+    the two differ in their masks, not in distribution."""
+    reference_config = step_lib.bert_config_from(tiny_config())
+    assert reference_config.gather_last_layer and not reference_config.scan_layers
+    config = tiny_config()
+    config.model.gather_last_layer = False
+    losses, params, *_ = run_steps(config, jax.devices()[:1], (1, 1, 1))
+    assert_same_training(losses, params)
+
+
 def test_large_config_train_step_compiles_on_a_fake_mesh():
     """AOT: shapes only, no params allocated; scan + remat + bf16 on an FSDP x tensor mesh."""
     import large  # noqa: PLC0415

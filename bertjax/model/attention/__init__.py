@@ -2,7 +2,8 @@
 
 Per example b, head n, query q and key k (the query already scaled by 1 / sqrt(D)):
 
-    logits = float32(dtype(query . key)) + bias     bias: 0 allowed, MASK_VALUE masked
+    logits = query . key + bias        in float32 (the product accumulated in float32, never
+                                       rounded to dtype); bias: 0 allowed, MASK_VALUE masked
     u = exp(logits - stop_gradient(max_k logits)),  row_sum = sum_k u
     context = (sum_k dropout(dtype(u)) value) / row_sum
 

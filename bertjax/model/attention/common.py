@@ -12,12 +12,12 @@ Both kernels (``tpu/`` for Pallas TPU, ``gpu/`` for Pallas GPU/Triton) compute
 
 Per tile a kernel recomputes, for the (query, key) pairs it owns,
 
-    s = float32(dtype(q . k)) + bias      bias: 0 allowed, -1e9 masked, -inf padding key
+    s = q . k + bias                      float32 (accumulated so, never rounded to dtype);
+                                          bias: 0 allowed, -1e9 masked, -inf padding key
     p = exp(s - m) / l                    m, l: per-query max and sum over all keys (forward)
     keep, scale = counter-hash dropout of the global (b, n, q, k)  (``dropout.py``)
 
 which is the XLA path's arithmetic, so a tile's probabilities equal the [B, N, Q, L] array's.
-The logits are rounded through ``dtype`` because the XLA einsum returns them in ``dtype``.
 
 A plan (each kernel family's own frozen dataclass, derived from :class:`PlanCounts`) provides
 ``batch, block_q, block_k, padded_queries, padded_keys, causal, dropout_rate, total_heads,

@@ -28,13 +28,15 @@ def xla_attention(query, key, value, key_mask, causal, query_positions, rate, se
     """Shapes and arguments as ``bertjax.model.attention.attention``; ``seed`` None: no dropout."""
     dtype = query.dtype
     length_axis = None if query_positions is not None else axes.ACT_LENGTH
-    logits = jnp.einsum("bqnd,bknd->bnqk", query, key)  # [B, N, Q, L]
+    # Float32 logits straight from the product (the matrix units accumulate in float32): the
+    # softmax sees them unrounded, whatever the compute dtype.
+    logits = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
     logits = nn.with_logical_constraint(logits, (axes.ACT_BATCH, axes.ACT_HEADS, length_axis, None))
     bias = jnp.where(allowed_keys(key_mask, causal, query_positions), 0.0, MASK_VALUE)
     # Softmax with the normalisation applied after the value product: dropout and the product
     # are linear in the probabilities, so dividing [B, Q, N, D] by the row sums equals dividing
     # [B, N, Q, L] first, and saves a full pass over the scores (and its backward).
-    logits = logits.astype(jnp.float32) + bias.astype(jnp.float32)
+    logits = logits + bias.astype(jnp.float32)  # <float32>[B, N, Q, L]
     unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
     row_sums = unnormalized.sum(-1)  # <float32>[B, N, Q]
     unnormalized = unnormalized.astype(dtype)

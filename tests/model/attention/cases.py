@@ -26,6 +26,9 @@ class Case(NamedTuple):
     heads: int = 2
     head_dim: int = 64
     shuffled: bool = False  # query positions in random order, the last quarter padded with 0
+    # Logits of standard deviation ~2 * logit_scale; 8 makes peaked heads, where a bf16 logit
+    # would be rounded in steps of 1/8.
+    logit_scale: float = 1.0
 
 
 def inputs(case: Case, seed=0):
@@ -35,7 +38,7 @@ def inputs(case: Case, seed=0):
     b, n, d, length = case.batch, case.heads, case.head_dim, case.length
     queries = case.queries or length
     shape = lambda t: (b, t, n, d)
-    query = rng.normal(size=shape(queries)) * 2 / np.sqrt(d)
+    query = rng.normal(size=shape(queries)) * 2 * case.logit_scale / np.sqrt(d)
     key, value = rng.normal(size=shape(length)), rng.normal(size=shape(length))
     cotangent = rng.normal(size=shape(queries)).astype(np.float32)
     real = [length, min(90, length - 7), 0, length // 2][:b]

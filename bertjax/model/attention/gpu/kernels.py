@@ -60,9 +60,8 @@ class Plan(PlanCounts):
 
 
 def _scores(q, k, bias) -> jax.Array:
-    """<float32>[bq, bk] = float32(dtype(q k^T)) + bias, for q <dtype>[bq, D], k [bk, D]."""
-    dot = jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32)
-    return dot.astype(q.dtype).astype(jnp.float32) + bias
+    """<float32>[bq, bk] = q k^T + bias, accumulated in float32, for q <dtype>[bq, D], k [bk, D]."""
+    return jax.lax.dot_general(q, k, _NT, preferred_element_type=jnp.float32) + bias
 
 
 class _Tile:

@@ -55,9 +55,8 @@ class Plan(PlanCounts):
 
 
 def tile_scores(k, q, bias) -> jax.Array:
-    """<float32>[bk, bq] = float32(dtype(k^T q)) + bias, for k <dtype>[D, bk], q [D, bq]."""
-    dot = jax.lax.dot_general(k, q, _TN, preferred_element_type=jnp.float32)
-    return dot.astype(q.dtype).astype(jnp.float32) + bias
+    """<float32>[bk, bq] = k^T q + bias, accumulated in float32, for k <dtype>[D, bk], q [D, bq]."""
+    return jax.lax.dot_general(k, q, _TN, preferred_element_type=jnp.float32) + bias
 
 
 def _iota(shape, dim, start):

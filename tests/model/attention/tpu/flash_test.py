@@ -28,6 +28,8 @@ FUSED_CASES = [
     # One key block, two query blocks: the single backward kernel accumulates dk/dv over them.
     Case(256, causal=True, rate=0.1, block=128, block_k=256, tpu_interpret=True),
     Case(230, causal=False, rate=0.1, queries=20, dtype="bfloat16", block=128, block_k=256),
+    # Peaked bf16 heads: float32 logits, as the XLA path's (rounded ones would be far off).
+    Case(128, causal=True, rate=0.1, dtype="bfloat16", logit_scale=8.0),
 ]
 
 
