@@ -128,7 +128,7 @@ def test_gathered_last_layer_step_equals_the_full_last_layer():
     steps of each give the same losses and params. No dropout (tiny_config): a gathered row draws
     its dropout mask from its row of the [B, 1 + P, ...] array, not of [B, L, ...], so with dropout
     the two differ in their masks, not in distribution."""
-    reference_config = step_lib.bert_config_from(tiny_config())
+    reference_config = objective_lib.bert_config_from(tiny_config())
     assert reference_config.gather_last_layer and not reference_config.scan_layers
     config = tiny_config()
     config.model.gather_last_layer = False
