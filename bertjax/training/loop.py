@@ -25,6 +25,11 @@ Host policies (the step itself is pure; its contract is ``bertjax.training.step`
 - **Dispatch runs ahead**: the loop blocks on the device only to fetch the metrics of the step
   before the one it just dispatched (and at a log, eval or save boundary), so the device always
   has the next step queued (``bench/dispatch_bench.py`` counts it).
+- **Input wait**: the share of the window's wall time the loop spent getting the next host
+  batch (``next(batches)`` and placing it on the mesh), in the line (``input_wait``) and in
+  TensorBoard (``train/input_wait``). Above ``INPUT_BOUND`` in ``INPUT_BOUND_WINDOWS``
+  consecutive windows (the first, which includes compiling, aside) it warns once, in one line:
+  the run is input-bound, the host pipeline is slower than the step.
 - **MFU** = model FLOPs per second (``Report.flops_per_row``) / the devices' peak
   (``train.peak_flops`` if set, else the table's peak of a known TPU/GPU); which one is printed
   once at start.
@@ -49,6 +54,8 @@ from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
 from bertjax.training.compiled import Trainer
 from bertjax.training.start import Started
+
+INPUT_BOUND, INPUT_BOUND_WINDOWS = 0.10, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +108,7 @@ class Loop:
         self.last_saved = -1
         self.last_lr = float("nan")
         self.eta_from: tuple[int, float] | None = None  # (step, time) of the first line
+        self.input_bound_windows = 0  # consecutive windows above INPUT_BOUND (-1: warned)
 
     def run(self, state, batches: Iterator[dict]) -> dict:
         """Trains ``state`` on host ``batches`` (this process's rows of each global batch)."""
@@ -112,7 +120,9 @@ class Loop:
             if self._should_stop(step):
                 break
             self.checkpoints.check_for_errors()  # a failed background save stops the run
+            waited = time.perf_counter()
             batch = sh.make_global_batch(next(batches), mesh)
+            self.window.input_wait += time.perf_counter() - waited
             state, step_metrics = self.trainer.train_step(state, batch, rng)
             step += 1
             # Fetched one step late (module docstring), except at a boundary.
@@ -205,6 +215,7 @@ class Loop:
                 peak_flops_per_device=self.peak,
             ),
             **report.summarize(self.window.sums),
+            "input_wait": self.window.input_wait / max(self.window.elapsed(), 1e-9),
         }
         # The ETA is the rate since the first line: that line's one step includes compiling,
         # so it has none ("?"), unless it is the last.
@@ -217,14 +228,31 @@ class Loop:
         line = metrics_lib.format_train_line(
             step, self.cadence.num_steps, values, self.last_lr, eta, report.short_names
         )
+        first_line = self.eta_from == (step, now)
         if jax.process_index() == 0:
             print(line, flush=True)
+            if not first_line:
+                self._warn_if_input_bound(values["input_wait"])
         self.writer.write_scalars(
             step, {f"train/{k}": v for k, v in {**values, "learning_rate": self.last_lr}.items()}
         )
         self.writer.flush()
         self.summary["train"] = values
         self.window.reset()
+
+    def _warn_if_input_bound(self, input_wait: float) -> None:
+        if self.input_bound_windows < 0:
+            return
+        self.input_bound_windows = self.input_bound_windows + 1 if input_wait > INPUT_BOUND else 0
+        if self.input_bound_windows == INPUT_BOUND_WINDOWS:
+            self.input_bound_windows = -1
+            print(
+                f"WARNING: input-bound: the loop waited for host batches more than "
+                f"{100 * INPUT_BOUND:.0f}% of the time in {INPUT_BOUND_WINDOWS} log intervals in a "
+                f"row ({100 * input_wait:.1f}% in the last); the host pipeline is slower than the "
+                "step (docs/benchmarks.md, 'Host pipeline')",
+                flush=True,
+            )
 
     def _eval(self, step: int, params) -> None:
         values = self.evaluate(params) if self.evaluate else {}

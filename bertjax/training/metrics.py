@@ -66,6 +66,7 @@ class Accumulator:
     def reset(self):
         self.sums: dict[str, float] = {}
         self.start = time.perf_counter()
+        self.input_wait = 0.0  # seconds the loop waited for host batches in this window
 
     def add(self, metrics: dict) -> None:
         for k, v in metrics.items():
@@ -120,9 +121,12 @@ def format_train_line(
     short_names: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """``step s/N loss X <the objective's metrics> lr grad_norm seq/s tok/s gflop/s/dev [mfu]
-    eta``; ``short_names`` lists the objective's metrics in order with their names here."""
+    [input_wait] eta``; ``short_names`` lists the objective's metrics in order with their names
+    here."""
     objective = "".join(f" {short} {values[name]:.4f}" for name, short in short_names)
     mfu = f" mfu {100 * values['mfu']:.1f}%" if "mfu" in values else ""
+    if "input_wait" in values:
+        mfu += f" input_wait {100 * values['input_wait']:.1f}%"
     return (
         f"step {step}/{num_steps} loss {values['loss']:.4f}{objective} "
         f"lr {learning_rate:.3g} grad_norm {values['grad_norm']:.3f} "

@@ -24,6 +24,7 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
 from bertjax.training import checkpoint
+from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -291,7 +292,8 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
     assert "stsb/train: 16 examples -> 16 features" in lines
     progress = [x for x in lines if x.startswith("step ")]
     assert re.fullmatch(r"step 1/\d+ loss [\d.]+ lr \S+ grad_norm [\d.]+ seq/s [\d.]+ tok/s \d+ "
-                        r"gflop/s/dev [\d.]+ eta \?", progress[0]), progress  # fmt: skip
+                        r"gflop/s/dev [\d.]+ input_wait [\d.]+% eta \?",
+                        progress[0]), progress  # fmt: skip
     assert any(x.startswith("eval dev: ") and " pearson " in x for x in lines), lines
     dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
     assert dev["num_examples"] == 8
@@ -430,3 +432,32 @@ def test_cli_kill_9_then_resume_is_bit_exact(testdata, tiny_checkpoint, tmp_path
     jax.tree.map(np.testing.assert_array_equal, got, want)
     dev = lambda path: json.loads((path / "eval_results.json").read_text())["dev"]
     assert dev(run) == dev(tmp_path / "reference")
+
+
+def test_an_input_bound_run_shows_its_wait_and_warns_once(
+    testdata, tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """Host batches that take 0.3 s each (a slow pipeline): every line shows the wait, and after
+    three input-bound intervals past the first (which includes compiling) one warning line."""
+    run = loop_lib.Loop.run
+
+    def slow_run(self, state, batches):
+        def slow():
+            for batch in batches:
+                time.sleep(0.3)
+                yield batch
+
+        return run(self, state, slow())
+
+    monkeypatch.setattr(loop_lib.Loop, "run", slow_run)
+    config = _config(
+        "finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
+        init_checkpoint=tiny_checkpoint, num_train_epochs=4.0,
+    )  # fmt: skip
+    loop.train_and_evaluate(config, str(tmp_path))
+    lines = capsys.readouterr().out.splitlines()
+    waits = [float(m) for x in lines for m in re.findall(r" input_wait ([\d.]+)% eta ", x)]
+    assert len(waits) == 8 and min(waits[1:]) > 50.0, lines  # steps 1-8, each waits 0.3 s
+    warnings = [i for i, x in enumerate(lines) if x.startswith("WARNING: input-bound: ")]
+    assert len(warnings) == 1, lines
+    assert lines[warnings[0] - 1].startswith("step 4/8 "), lines  # after windows 2, 3 and 4

@@ -75,6 +75,8 @@ def test_summaries_divide_sums_once():
         "step 10/100 loss 3.0000 mlm_loss 2.0000 mlm_acc 0.2500 nsp_loss 0.5000 nsp_acc 0.7500 "
         "lr 0.0001 grad_norm 2.000 seq/s 4.0 tok/s 32 gflop/s/dev 0.0 mfu 100.0% eta 1h02m05s"
     )
+    line = metrics.format_train_line(10, 100, {**values, "input_wait": 0.125}, 1e-4, 3725.0)
+    assert line.endswith(" mfu 100.0% input_wait 12.5% eta 1h02m05s"), line
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
