@@ -21,8 +21,8 @@ Writes ``accelerator_check-<UTC time>-<platform>.json`` (every number) and ``.md
 to ``--out`` (default bench/results/), each with the machine, the date and the commit.
 
 ``--tiny`` is the CPU smoke mode the suite runs (tests/bench/accelerator_check_test.py): two
-self-check shapes, one interpret-mode equality case, a one-layer model for a few steps, a few
-tiny.py steps. Its numbers only show that the check works: they are never accelerator timings.
+self-check shapes, one interpret-mode equality case, a one-layer model for a few steps, four
+tiny.py steps at batch 8. Its numbers only show that the check works: they are never timings.
 Needs the peers harness (``../shared/bench/peers`` beside the repository, or PEERS).
 """
 
@@ -224,15 +224,15 @@ def step_times(workloads: dict, peak_flops, scratch: pathlib.Path, timeout: floa
     return rows
 
 
-def _tiny_run(steps: int, log_every: int, workdir: pathlib.Path, cpu: bool) -> subprocess.Popen:
-    """``configs/tiny.py`` for ``steps`` steps, started (on CPU with ``cpu``)."""
+def _tiny_run(steps: int, flags: list, workdir: pathlib.Path, cpu: bool) -> subprocess.Popen:
+    """``configs/tiny.py`` for ``steps`` steps with more ``flags``, started (on CPU if ``cpu``)."""
     env = dict(os.environ, PYTHONPATH=_path(REPO))
     if cpu:
         env["JAX_PLATFORMS"] = "cpu"
     command = [
         sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
-        f"--config.train.num_steps={steps}", f"--config.train.log_every={log_every}",
-        "--config.train.eval_every=0",
+        f"--config.train.num_steps={steps}", f"--config.train.log_every={max(1, steps // 6)}",
+        "--config.train.eval_every=0", *flags,
     ]  # fmt: skip
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -248,11 +248,11 @@ def _losses(run: subprocess.Popen, where: str, timeout: float) -> tuple[list, li
     return [int(s) for s, _ in found], [float(loss) for _, loss in found]
 
 
-def tiny_losses(steps: int, log_every: int, scratch: pathlib.Path, timeout: float) -> dict:
+def tiny_losses(steps: int, flags: list, scratch: pathlib.Path, timeout: float) -> dict:
     """configs/tiny.py on the device and on CPU: the logged losses at the same steps. The two
     runs go at once: the CPU one does not use the device, and the device one mostly waits."""
-    device_run = _tiny_run(steps, log_every, scratch / "tiny_device", cpu=False)
-    cpu_run = _tiny_run(steps, log_every, scratch / "tiny_cpu", cpu=True)
+    device_run = _tiny_run(steps, flags, scratch / "tiny_device", cpu=False)
+    cpu_run = _tiny_run(steps, flags, scratch / "tiny_cpu", cpu=True)
     try:
         device_steps, device = _losses(device_run, "the device", timeout)
         cpu_steps, cpu = _losses(cpu_run, "CPU", timeout)
@@ -307,9 +307,9 @@ def _checks(results: dict, tiny: bool, tiny_steps: int, scratch, timeout: float)
     results["step_times"] = _section(
         "step times", lambda: step_times(workloads, peak, scratch, timeout)
     )
-    log_every = max(1, tiny_steps // 6)  # 300 steps: every 50
+    flags = ["--config.train.global_batch_size=8"] if tiny else []  # tiny: a test, not a run
     results["tiny_losses"] = _section(
-        "tiny losses", lambda: tiny_losses(tiny_steps, log_every, scratch, timeout)
+        "tiny losses", lambda: tiny_losses(tiny_steps, flags, scratch, timeout)
     )
 
 
