@@ -18,7 +18,10 @@ faults it in again): ``mimalloc`` (the ``cmeel-mimalloc`` wheel), ``jemalloc`` a
 whose library is missing records 'skipped'. ``fulllast`` runs the last layer at every position
 (``model.gather_last_layer=False``). ``xlaattention`` runs attention as XLA ops
 (``model.attention_impl='xla'``) where ``jit`` runs the platform's fused kernel ('auto': the
-Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program).
+Pallas flash kernels on TPU and GPU, XLA on CPU, so on CPU the two are the same program); ``fused``
+asks for the fused kernel everywhere (``'fused'``: as ``jit`` on TPU and GPU, the TPU kernel in
+Pallas interpret mode on CPU, which only tests the harness: never a timing; so it is not on the
+variants line that run_all.sh runs; bench/accelerator_check.py runs it).
 ``plainforms`` runs the model without its XLA:CPU forms (``cpu_forms=False``:
 ``bertjax.model.cpu_forms``), which ``jit`` gets as every CPU step does. The
 notes give the median minor page faults and system CPU seconds per measured step
@@ -64,7 +67,7 @@ def build_step(w, variant):
         attention_dropout_rate=w["attention_probs_dropout_prob"],
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
         gather_last_layer=variant != "fulllast",
-        attention_impl="xla" if variant == "xlaattention" else "auto",
+        attention_impl={"xlaattention": "xla", "fused": "fused"}.get(variant, "auto"),
     )
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(

@@ -1,7 +1,9 @@
 """What the attention tests share: random inputs with every kind of masked row, a jitted
 (context, gradients) of an attention function, and the comparison with the XLA path (the
-reference every kernel computes). Not a test module."""
+reference every kernel computes); :func:`interpret`, the switch that runs the kernels natively
+on the device instead (``bench/accelerator_check.py`` sets it). Not a test module."""
 
+import os
 from typing import NamedTuple
 
 import jax
@@ -11,6 +13,25 @@ import numpy as np
 from bertjax.model import attention
 
 SEED = np.array([0x12345678, 0x9ABCDEF0], np.uint32)
+# 'tpu' or 'gpu': that family's kernel tests run natively (interpret=False) when JAX's default
+# backend is that platform; unset (CI, CPU): every kernel runs in Pallas interpret mode.
+ON_DEVICE = "BERTJAX_ATTENTION_TESTS_ON_DEVICE"
+
+
+def interpret(family: str, interpreted=True):
+    """The ``interpret`` argument for ``family``'s kernel ('tpu' or 'gpu'): ``interpreted`` (True
+    or ``pltpu.InterpretParams()``), or False when ``ON_DEVICE`` names ``family`` and the default
+    backend is it. A switch naming a platform JAX is not on fails, so that a check meant for the
+    device never passes in interpret mode."""
+    wanted = os.environ.get(ON_DEVICE, "")
+    if not wanted:
+        return interpreted
+    if wanted not in ("tpu", "gpu"):
+        raise ValueError(f"{ON_DEVICE}={wanted!r}: expected 'tpu' or 'gpu'")
+    backend = jax.default_backend()
+    if backend != wanted:
+        raise RuntimeError(f"{ON_DEVICE}={wanted} but JAX's default backend is {backend}")
+    return False if family == wanted else interpreted
 
 
 class Case(NamedTuple):

@@ -1,7 +1,7 @@
-"""The Pallas GPU (Triton) flash kernel against the XLA path (Pallas interpret mode on CPU):
-context and gradients, dropout included; and against what the GPU compilers accept: JAX's
-Triton lowering for 'cuda' and the real Triton compiler and ptxas (pip's triton), with no
-register spills."""
+"""The Pallas GPU (Triton) flash kernel against the XLA path (Pallas interpret mode on CPU; natively
+on a GPU with ``BERTJAX_ATTENTION_TESTS_ON_DEVICE=gpu``: ``cases.interpret``): context and
+gradients, dropout included; and against what the GPU compilers accept: JAX's Triton lowering for
+'cuda' and the real Triton compiler and ptxas (pip's triton), with no register spills."""
 
 import functools
 import importlib.util
@@ -33,8 +33,9 @@ def test_gpu_kernel_equals_xla_path(case):
     inputs, positions, cotangent = cases.inputs(case)
     positions = None if positions is None else jnp.asarray(positions)
     fused_fn = cases.kernel_fn(
-        gpu.flash_attention, case, block_q=case.block, block_k=case.block, interpret=True
-    )
+        gpu.flash_attention, case, block_q=case.block, block_k=case.block,
+        interpret=cases.interpret("gpu"),
+    )  # fmt: skip
     cases.assert_matches_xla(case, fused_fn, inputs, positions, cotangent)
 
 

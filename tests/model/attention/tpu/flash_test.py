@@ -1,7 +1,9 @@
 """The Pallas TPU flash kernel against the XLA path (Pallas interpret mode on CPU; the real TPU
-compiler is tests/commands/compile_test.py): context and gradients, dropout included, on every
-kind of masked row and block layout; an all-masked row uniform over the keys with no score
-array kept; and under shard_map on 8 fake devices equal to the unsharded computation."""
+compiler is tests/commands/compile_test.py; natively on a TPU with
+``BERTJAX_ATTENTION_TESTS_ON_DEVICE=tpu``: ``cases.interpret``): context and gradients, dropout
+included, on every kind of masked row and block layout; an all-masked row uniform over the keys
+with no score array kept; and under shard_map on 8 fake devices equal to the unsharded
+computation."""
 
 import functools
 
@@ -37,7 +39,7 @@ FUSED_CASES = [
 def test_fused_kernel_equals_xla_path(case):
     inputs, positions, cotangent = cases.inputs(case)
     positions = None if positions is None else jnp.asarray(positions)
-    interpret = pltpu.InterpretParams() if case.tpu_interpret else True
+    interpret = cases.interpret("tpu", pltpu.InterpretParams() if case.tpu_interpret else True)
     block_k = case.block_k or case.block
     fused_fn = cases.kernel_fn(
         tpu.flash_attention, case, block_q=case.block, block_k=block_k, interpret=interpret
