@@ -31,6 +31,18 @@ ATTENTION_KERNELS = ("xla", "tpu", "gpu", "tpu_interpret", "gpu_interpret")
 ATTENTION_IMPLS = ATTENTION_REQUESTS + ATTENTION_KERNELS[1:]
 
 
+# The fields that give the weights their shapes (each a positive integer).
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """Architecture of a BERT encoder. Frozen, hashable, serialisable to JSON."""
@@ -82,15 +94,7 @@ class BertConfig:
             is_real = isinstance(value, int | float) and not isinstance(value, bool)
             return is_real and math.isfinite(value)
 
-        for field in (
-            "vocab_size",
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
+        for field in SHAPE_FIELDS:
             value = getattr(self, field)
             is_int = isinstance(value, int) and not isinstance(value, bool)
             check(is_int and value > 0, field, "a positive integer")

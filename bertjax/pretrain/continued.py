@@ -42,24 +42,13 @@ from typing import Any
 
 from bertjax.interop import formats
 from bertjax.interop.converted import Converted
-from bertjax.model.config import BertConfig
+from bertjax.model.config import SHAPE_FIELDS, BertConfig
 from bertjax.model.encoder import stack_layers
 from bertjax.training import checkpoint
 
 # The BertConfig fields a checkpoint decides: what function its weights compute, and how the
 # original would initialise the heads it lacks.
-ARCHITECTURE = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "hidden_act",
-    "layer_norm_eps",
-    "initializer_range",
-)
+ARCHITECTURE = (*SHAPE_FIELDS, "hidden_act", "layer_norm_eps", "initializer_range")
 # BertForPreTraining's top-level subtrees (bertjax.model.heads), in the order they are named.
 SUBTREES = ("encoder", "pooler", "mlm", "nsp")
 

@@ -21,6 +21,15 @@ from tests.pretrain.step_test import TINY_MODEL
 
 REPO = pathlib.Path(__file__).parents[2]
 DATA_BUCKET = "bertjax-data"
+# For the scripts run in the namespace: a params tree as ("a/b/kernel", array) pairs (needs np).
+FLAT_PARAMS = """
+def flat(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from flat(value, f"{prefix}{key}/")
+        else:
+            yield prefix + key, np.asarray(value)
+"""
 # The shape of main_test's runs (tests/commands/main_test.py), which the TFRecords must match.
 MAX_SEQ_LENGTH, MAX_PREDICTIONS = 32, 5
 

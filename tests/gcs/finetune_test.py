@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.gcs.conftest import DATA_BUCKET, REPO, download_tree, upload_tree
+from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO, download_tree, upload_tree
 
 pytestmark = pytest.mark.xdist_group("gcs")
 WORK = "bertjax-finetune"
@@ -41,23 +41,20 @@ FLAGS = [
     "--config.checkpoint.keep=2",
 ]
 
-SAME_PARAMS = """
+SAME_PARAMS = (
+    """
 import json, sys
 import bertjax
 import numpy as np
 from bertjax.training import checkpoint
-
-def flat(tree, prefix=""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from flat(value, f"{prefix}{key}/")
-        else:
-            yield prefix + key, np.asarray(value)
-
+"""
+    + FLAT_PARAMS
+    + """
 got, want = (dict(flat(checkpoint.load_params(p)[0])) for p in sys.argv[1:3])
 print(json.dumps(sorted(k for k in want.keys() | got.keys() if k not in got or k not in want
                         or not np.array_equal(got[k], want[k]))))
 """
+)
 
 
 EXISTS = """

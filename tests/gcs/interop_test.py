@@ -21,26 +21,22 @@ import sys
 
 import pytest
 
-from tests.gcs.conftest import DATA_BUCKET, REPO, upload, upload_tree
+from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO, upload, upload_tree
 
 pytestmark = pytest.mark.xdist_group("gcs")
 OUT = f"gs://{DATA_BUCKET}/interop"
 
-SAME_READS = """
+SAME_READS = (
+    """
 import json, sys
 import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
 import numpy as np
 from etils import epath
 from bertjax.interop import formats
 from bertjax.interop.converted import ConvertError
-
-def flat(tree, prefix=""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from flat(value, f"{prefix}{key}/")
-        else:
-            yield prefix + key, np.asarray(value)
-
+"""
+    + FLAT_PARAMS
+    + """
 def differ(a, b):
     a, b = dict(flat(a)), dict(flat(b))
     return sorted(k for k in a.keys() | b.keys() if k not in a or k not in b
@@ -65,6 +61,7 @@ for path in sys.argv[2:]:
         errors[path] = str(e)
 print(json.dumps({"reads": reads, "errors": errors}))
 """
+)
 
 OBJECTS = """
 import hashlib, json, sys

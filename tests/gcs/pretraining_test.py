@@ -30,28 +30,25 @@ import pytest
 
 from tests.commands.faults_test import _until_step
 from tests.commands.main_test import NUM_STEPS, _overrides, env
-from tests.gcs.conftest import REPO
+from tests.gcs.conftest import FLAT_PARAMS, REPO
 
 pytestmark = pytest.mark.xdist_group("gcs")
 __all__ = ["env"]  # main_test's fixture, instantiated for this module
 WORK = "bertjax-work"
 
-SAME_PARAMS = """
+SAME_PARAMS = (
+    """
 import json, sys
 import bertjax
 import numpy as np
 from bertjax.training import workdir
-
-def flat(tree, prefix=""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from flat(value, f"{prefix}{key}/")
-        else:
-            yield prefix + key, np.asarray(value)
-
+"""
+    + FLAT_PARAMS
+    + """
 got, want = (dict(flat(workdir.latest_params(p, log=lambda _: None)[0])) for p in sys.argv[1:3])
 print(json.dumps(sorted(k for k in want if k not in got or not np.array_equal(got[k], want[k]))))
 """
+)
 
 OBJECTS = """
 import json, sys
