@@ -52,6 +52,25 @@ def fast_compiles():
     jax.config.update("jax_disable_most_optimizations", previous)
 
 
+@pytest.fixture(autouse=True)
+def _xdist_group_holds(request):
+    """Fails an ``xdist_group`` test whose node id lacks its ``@group`` suffix.
+
+    ``--dist loadgroup`` sends a group to one worker by that suffix. pytest-xdist 3.8 sets it on
+    ``item._nodeid``, which pytest 9.2 no longer reads (``nodeid`` is built from ``_id``): the
+    groups then scatter silently, module fixtures are built once per worker (the notebook runs
+    twice) and tests meant to run apart run side by side. constraints.txt pins a pytest it works
+    with; with one it does not work with, the run fails instead of only slowing down.
+    """
+    item = request.node
+    loadgroup = getattr(request.config.option, "loadgroup", False)  # set in xdist's workers
+    if loadgroup and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail(
+            f"--dist loadgroup has no effect with pytest {pytest.__version__} (this test's node "
+            "id lacks its @group suffix): install the pytest of constraints.txt"
+        )
+
+
 def pytest_sessionfinish(session):
     """Drops JAX's garbage-collection hook before pytest-xdist stops this worker.
 
