@@ -15,6 +15,10 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
   (NotNext), the original convention; always 0 when ``data.nsp`` is False (label unused).
 * ``example_weight <float32>[B]``: 1.0 for real rows; 0.0 for the padding rows that make every
   host's finite eval stream the same length (their ``masked_lm_weights`` are all zero too).
+* ``host_seconds <float32>[]``: the host work that made this batch, in seconds: the CPU time of
+  the thread that tokenized rows into features and masked them (text/tfds), or the time spent
+  parsing the records (TFRecords). Not a model input: the train loop takes it out and reports
+  the pipeline's own throughput from it (``bertjax.training.loop``, ``host_rate``).
 
 With ``data.objective == "ltr"`` (left-to-right ablation) inputs are not masked and
 ``P == L``: position ``i`` predicts token ``i + 1`` (weight 1 where that token is real).
@@ -23,7 +27,8 @@ Sources (``data.source``): ``"text"`` files / ``"tfds"`` documents are tokenized
 instance table (unmasked A/B rows, see ``bertjax.data.sources``) cached under ``data.cache_dir``,
 identical on every host; ``"tfrecord"`` reads pre-masked TFRecords.
 
-Determinism and resume (text/tfds): the stream is a pure function of ``(seed, position)``.
+Determinism and resume (text/tfds): the stream (every feature but ``host_seconds``, a timing) is
+a pure function of ``(seed, position)``.
 Global batch ``k`` holds stream positions ``k*G .. k*G+G-1`` (``G`` = global batch); host ``h``
 takes ``B`` of them starting at ``k*G + h*B``, so hosts get disjoint rows and together the
 whole table every epoch, whatever the host count. Position ``p`` is row
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import numpy as np
 
@@ -71,6 +77,7 @@ FEATURES = (
 )
 # What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
 STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
+HOST_SECONDS = "host_seconds"  # the batch's host work (module docstring); not a model input
 
 
 def num_predictions(data_config) -> int:
@@ -204,6 +211,7 @@ def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, proc
         return rows
 
     def make(k):
+        began = time.thread_time()  # this thread's CPU time: GIL waits and other threads aside
         positions = positions_of(k)
         valid = np.ones(batch_size, dtype=bool)
         if train:
@@ -216,7 +224,8 @@ def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, proc
         features = rows_to_features(table.read(rows), keys, data_config, spec)
         features["masked_lm_weights"] *= valid[:, None]
         features["example_weight"] = valid.astype(np.float32)
-        return tuple(features[name] for name in FEATURES)
+        features[HOST_SECONDS] = np.float32(time.thread_time() - began)
+        return tuple(features[name] for name in (*FEATURES, HOST_SECONDS))
 
     return make
 
@@ -234,9 +243,10 @@ def _output_signature(batch_size, data_config):
         "masked_lm_weights": [batch_size, preds],
         "next_sentence_labels": [batch_size],
         "example_weight": [batch_size],
+        HOST_SECONDS: [],
     }
     dtypes = {name: tf.int32 for name in FEATURES}
-    dtypes["masked_lm_weights"] = dtypes["example_weight"] = tf.float32
+    dtypes["masked_lm_weights"] = dtypes["example_weight"] = dtypes[HOST_SECONDS] = tf.float32
     return shapes, dtypes
 
 
@@ -301,12 +311,12 @@ def create_pretrain_dataset(
         stop = num_eval_batches(table.num_rows, batch_size, process_count)
     shapes, dtypes = _output_signature(batch_size, data_config)
 
+    names = (*FEATURES, HOST_SECONDS)
+
     def to_batch(k):
-        outputs = tf.numpy_function(make, [k], [dtypes[name] for name in FEATURES], stateful=False)
-        return {
-            name: tf.ensure_shape(t, shapes[name])
-            for name, t in zip(FEATURES, outputs, strict=True)
-        }
+        outputs = tf.numpy_function(make, [k], [dtypes[name] for name in names], stateful=False)
+        pairs = zip(names, outputs, strict=True)
+        return {name: tf.ensure_shape(t, shapes[name]) for name, t in pairs}
 
     dataset = tf.data.Dataset.range(start_batch, stop)
     dataset = dataset.map(to_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

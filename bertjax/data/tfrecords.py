@@ -149,10 +149,15 @@ def parser(data_config):
     spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq)
 
     def parse(serialized):
-        parsed = tf.io.parse_example(serialized, spec)
+        began = tf.timestamp()
+        with tf.control_dependencies([began]):
+            parsed = tf.io.parse_example(serialized, spec)
         batch = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
         batch["next_sentence_labels"] = tf.reshape(batch["next_sentence_labels"], [-1])
         batch["example_weight"] = tf.ones_like(batch["next_sentence_labels"], tf.float32)
+        with tf.control_dependencies(list(batch.values())):
+            # The batch contract's host work (bertjax.data.pipeline): here, parsing.
+            batch["host_seconds"] = tf.cast(tf.timestamp() - began, tf.float32)
         return batch
 
     return parse
@@ -248,6 +253,9 @@ def _pad_rows(batch, valid):
 
     out = {}
     for name, value in batch.items():
+        if not value.shape.rank:  # host_seconds: the batch's, not a row's
+            out[name] = value
+            continue
         shape = [-1] + [1] * (len(value.shape) - 1)
         out[name] = value * tf.cast(tf.reshape(valid, shape), value.dtype)
     return out

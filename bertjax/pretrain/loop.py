@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from bertjax.data.pipeline import HOST_SECONDS
 from bertjax.pretrain import continued as continued_lib
 from bertjax.pretrain import inputs
 from bertjax.pretrain import objective as objective_lib
@@ -59,7 +60,8 @@ def _train_batches(config, bert_config, start_batch: int):
     for index, batch in enumerate(batches):
         if index == 0:
             inputs.check_batch(batch, config, per_host)
-        yield {k: batch[k] for k in BATCH_KEYS}  # example_weight: eval only
+        # example_weight: eval only; host_seconds: for the loop's host rate
+        yield {k: batch[k] for k in (*BATCH_KEYS, HOST_SECONDS) if k in batch}
 
 
 def _report(config, bert_config) -> loop_lib.Report:

@@ -30,6 +30,12 @@ Host policies (the step itself is pure; its contract is ``bertjax.training.step`
   TensorBoard (``train/input_wait``). Above ``INPUT_BOUND`` in ``INPUT_BOUND_WINDOWS``
   consecutive windows (the first, which includes compiling, aside) it warns once, in one line:
   the run is input-bound, the host pipeline is slower than the step.
+- **Host rate**: the host pipeline's own throughput, rows per second of its own work, from the
+  ``host_seconds`` each batch carries (the batch contract, ``bertjax.data.pipeline``), which the
+  loop takes out before the step: ``host_rate`` (rows/s per busy host core) and ``host_cores``
+  (the cores that work takes at the window's step rate) in TensorBoard, ``host N/s/core`` in the
+  line. It counts this process's rows and work; process 0 prints it. Batches without
+  ``host_seconds`` (synthetic data) show neither.
 - **MFU** = model FLOPs per second (``Report.flops_per_row``) / the devices' peak
   (``train.peak_flops`` if set, else the table's peak of a known TPU/GPU); which one is printed
   once at start.
@@ -49,6 +55,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bertjax.data.pipeline import HOST_SECONDS
 from bertjax.training import accelerators, lease, preemption
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
@@ -121,7 +128,9 @@ class Loop:
                 break
             self.checkpoints.check_for_errors()  # a failed background save stops the run
             waited = time.perf_counter()
-            batch = sh.make_global_batch(next(batches), mesh)
+            host_batch = next(batches)
+            self.window.add_host_batch(host_batch.pop(HOST_SECONDS, None), host_batch)
+            batch = sh.make_global_batch(host_batch, mesh)
             self.window.input_wait += time.perf_counter() - waited
             state, step_metrics = self.trainer.train_step(state, batch, rng)
             step += 1
@@ -216,6 +225,7 @@ class Loop:
             ),
             **report.summarize(self.window.sums),
             "input_wait": self.window.input_wait / max(self.window.elapsed(), 1e-9),
+            **self.window.host_rates(),
         }
         # The ETA is the rate since the first line: that line's one step includes compiling,
         # so it has none ("?"), unless it is the last.

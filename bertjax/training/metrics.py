@@ -67,6 +67,26 @@ class Accumulator:
         self.sums: dict[str, float] = {}
         self.start = time.perf_counter()
         self.input_wait = 0.0  # seconds the loop waited for host batches in this window
+        self.host_seconds = 0.0  # the host pipeline's work on this window's batches
+        self.host_rows = 0  # their rows (this process's)
+        self.host_timed = True  # False once a batch came without host_seconds
+
+    def add_host_batch(self, host_seconds, host_batch: dict) -> None:
+        """Counts one host batch and the pipeline's ``host_seconds`` for it (None: not timed)."""
+        self.host_timed = self.host_timed and host_seconds is not None
+        if self.host_timed:
+            self.host_seconds += float(host_seconds)
+            self.host_rows += len(next(iter(host_batch.values())))
+
+    def host_rates(self) -> dict:
+        """``host_rate``: rows per second of pipeline work (per busy core); ``host_cores``: that
+        work per second of this window, the cores it takes to keep up. Empty when not timed."""
+        if not (self.host_timed and self.host_rows):
+            return {}
+        return {
+            "host_rate": ratio(self.host_rows, self.host_seconds),
+            "host_cores": self.host_seconds / max(self.elapsed(), 1e-9),
+        }
 
     def add(self, metrics: dict) -> None:
         for k, v in metrics.items():
@@ -112,6 +132,16 @@ def format_eta(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+def _compact(value: float) -> str:
+    """12345.6 -> '12.3k'; 1234567 -> '1.23M'; 123.4 -> '123'."""
+    if not np.isfinite(value):
+        return "inf" if value > 0 else "?"
+    for size, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def format_train_line(
     step: int,
     num_steps: int,
@@ -121,12 +151,14 @@ def format_train_line(
     short_names: tuple[tuple[str, str], ...] = (),
 ) -> str:
     """``step s/N loss X <the objective's metrics> lr grad_norm seq/s tok/s gflop/s/dev [mfu]
-    [input_wait] eta``; ``short_names`` lists the objective's metrics in order with their names
-    here."""
+    [input_wait] [host rows/s/core] eta``; ``short_names`` lists the objective's metrics in order
+    with their names here."""
     objective = "".join(f" {short} {values[name]:.4f}" for name, short in short_names)
     mfu = f" mfu {100 * values['mfu']:.1f}%" if "mfu" in values else ""
     if "input_wait" in values:
         mfu += f" input_wait {100 * values['input_wait']:.1f}%"
+    if "host_rate" in values:
+        mfu += f" host {_compact(values['host_rate'])}/s/core"
     return (
         f"step {step}/{num_steps} loss {values['loss']:.4f}{objective} "
         f"lr {learning_rate:.3g} grad_norm {values['grad_norm']:.3f} "

@@ -136,9 +136,15 @@ def test_reference_run_logs_evaluates_and_exports(reference):
         "seq/s",
         "tok/s",
         "gflop/s/dev",
+        "input_wait",
+        "host",
         "eta",
     ):
         assert f" {field} " in lines[-1], lines[-1]
+    assert re.search(r" host [\d.]+[kM]?/s/core eta ", lines[-1]), lines[-1]
+    train = json.loads(stdout.split("final summary: ")[1].splitlines()[0])["train"]
+    # The pipeline's work on the window's rows: tens of thousands of tiny rows per core-second.
+    assert train["host_rate"] > 1000 and 0 < train["host_cores"] < 1, train
     assert re.search(r"^eval step 8 mlm_loss \S+ mlm_accuracy", stdout, re.M)
     assert "final summary:" in stdout
     assert re.search(r"^mfu: no known peak for 'cpu'", stdout, re.M)  # and no MFU on CPU

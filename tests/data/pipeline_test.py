@@ -55,6 +55,13 @@ def _table(config):
     return sources.open_or_build(config, tokenizer, "train", 0)
 
 
+def _check_host_seconds(batch):
+    """The batch's host work: one float32 scalar, positive, and less than a second here."""
+    seconds = batch[pipeline.HOST_SECONDS]
+    assert seconds.shape == () and seconds.dtype == np.float32, seconds
+    assert 0 < seconds < 1, seconds
+
+
 def test_batch_contract(corpus):
     batch = _batches(_config(corpus), 1)[0]
     shapes = {
@@ -68,6 +75,7 @@ def test_batch_contract(corpus):
         assert batch[name].shape == shapes.get(name, (8, LENGTH)), name
         float_names = ("masked_lm_weights", "example_weight")
         assert batch[name].dtype == (np.float32 if name in float_names else np.int32), name
+    _check_host_seconds(batch)
     for row in range(8):
         n = batch["input_mask"][row].sum()
         assert np.all(batch["input_mask"][row, :n] == 1) and np.all(
@@ -88,10 +96,10 @@ def test_same_seed_same_batches_and_exact_resume(corpus):
     again = _batches(config, count)
     resumed = _batches(config, count - 20, start_batch=20)
     for a, b in zip(full, again, strict=True):
-        for name in a:
+        for name in pipeline.FEATURES:  # host_seconds is a timing
             np.testing.assert_array_equal(a[name], b[name])
     for a, b in zip(full[20:], resumed, strict=True):
-        for name in a:
+        for name in pipeline.FEATURES:
             np.testing.assert_array_equal(a[name], b[name])
     other = _batches(config, 1, seed=1)[0]
     assert not np.array_equal(other["input_ids"], full[0]["input_ids"])
@@ -105,7 +113,7 @@ def test_hosts_get_disjoint_slices_of_the_global_batch_covering_the_corpus(corpu
     single = _batches(config, steps, batch_size=16)
     hosts = [_batches(config, steps, process_index=h, process_count=2) for h in range(2)]
     for k in range(steps):
-        for name in single[k]:
+        for name in pipeline.FEATURES:
             merged = np.concatenate([hosts[0][k][name], hosts[1][k][name]])
             np.testing.assert_array_equal(merged, single[k][name])
     seen = np.concatenate([_original_ids(b) for b in single])[:size]  # exactly one epoch
@@ -205,6 +213,7 @@ def test_tfrecord_source(corpus, tmp_path):
     )
     batch = _batches(record_config, 1)[0]
     assert batch["input_ids"].shape == (8, LENGTH) and batch["input_ids"].dtype == np.int32
+    _check_host_seconds(batch)
     import tensorflow as tf
 
     total = sum(1 for _ in tf.data.TFRecordDataset(paths))
@@ -214,6 +223,8 @@ def test_tfrecord_source(corpus, tmp_path):
     ]
     assert len(hosts[0]) == len(hosts[1])
     assert sum(b["example_weight"].sum() for h in hosts for b in h) == total
+    for batch in hosts[1]:  # eval pads rows, not the batch's scalar
+        _check_host_seconds(batch)
     with pytest.raises(DataError, match="input_ids has 64 values but data.max_seq_length=128"):
         pipeline.check_data_config(
             _config(

@@ -292,7 +292,7 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
     assert "stsb/train: 16 examples -> 16 features" in lines
     progress = [x for x in lines if x.startswith("step ")]
     assert re.fullmatch(r"step 1/\d+ loss [\d.]+ lr \S+ grad_norm [\d.]+ seq/s [\d.]+ tok/s \d+ "
-                        r"gflop/s/dev [\d.]+ input_wait [\d.]+% eta \?",
+                        r"gflop/s/dev [\d.]+ input_wait [\d.]+% host [\d.]+[kM]?/s/core eta \?",
                         progress[0]), progress  # fmt: skip
     assert any(x.startswith("eval dev: ") and " pearson " in x for x in lines), lines
     dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
@@ -456,7 +456,7 @@ def test_an_input_bound_run_shows_its_wait_and_warns_once(
     )  # fmt: skip
     loop.train_and_evaluate(config, str(tmp_path))
     lines = capsys.readouterr().out.splitlines()
-    waits = [float(m) for x in lines for m in re.findall(r" input_wait ([\d.]+)% eta ", x)]
+    waits = [float(m) for x in lines for m in re.findall(r" input_wait ([\d.]+)% host ", x)]
     assert len(waits) == 8 and min(waits[1:]) > 50.0, lines  # steps 1-8, each waits 0.3 s
     warnings = [i for i, x in enumerate(lines) if x.startswith("WARNING: input-bound: ")]
     assert len(warnings) == 1, lines

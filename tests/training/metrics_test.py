@@ -77,6 +77,23 @@ def test_summaries_divide_sums_once():
     )
     line = metrics.format_train_line(10, 100, {**values, "input_wait": 0.125}, 1e-4, 3725.0)
     assert line.endswith(" mfu 100.0% input_wait 12.5% eta 1h02m05s"), line
+    host = {"input_wait": 0.125, "host_rate": 33712.4, "host_cores": 0.5}
+    line = metrics.format_train_line(10, 100, {**values, **host}, 1e-4, 3725.0)
+    assert line.endswith(" input_wait 12.5% host 33.7k/s/core eta 1h02m05s"), line
+
+
+def test_host_rate_is_rows_per_second_of_pipeline_work(monkeypatch):
+    """host_rate = the window's host rows / the host_seconds their batches carried; host_cores =
+    those seconds per second of the window; one batch without host_seconds drops both."""
+    clock = iter([100.0, 104.0])  # the window starts at 100 s and is read at 104 s
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    acc = metrics.Accumulator()
+    for seconds in (0.5, 1.5):
+        acc.add_host_batch(np.float32(seconds), {"input_ids": np.zeros((8, 4))})
+    rates = acc.host_rates()
+    assert rates == {"host_rate": 16 / 2.0, "host_cores": 2.0 / 4.0}
+    acc.add_host_batch(None, {"input_ids": np.zeros((8, 4))})
+    assert acc.host_rates() == {}
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
