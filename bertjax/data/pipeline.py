@@ -20,6 +20,25 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
   parsing the records (TFRecords). Not a model input: the train loop takes it out and reports
   the pipeline's own throughput from it (``bertjax.training.loop``, ``host_rate``).
 
+**The packed row** (``data.pack_sequences``; sequence packing without cross-contamination,
+Krell et al. 2021): a row holds up to ``K`` = ``data.max_sequences_per_pack`` whole instances one
+after another, then padding. The features above keep their meaning over the row: ``input_ids``,
+``segment_ids`` (each instance's token types), ``input_mask`` (1 on every instance's tokens);
+``masked_lm_*`` hold all instances' predictions as row positions, increasing, then 0. It adds:
+
+* ``positions <int32>[B, L]``: position ids, restarting at 0 for each instance (0 on padding).
+* ``sequence_ids <int32>[B, L]``: 1..k for the row's k instances in order, 0 on padding.
+* ``next_sentence_positions <int32>[B, K]``: each instance's [CLS] row position, then 0.
+* ``next_sentence_labels <int32>[B, K]``: each instance's NSP label (convention above), then 0.
+* ``next_sentence_weights <float32>[B, K]``: 1.0 for real instances, 0.0 for list padding.
+
+Each instance attends only to itself (``bertjax.model.attention``), reads its own position
+embeddings, pools its own [CLS] for NSP, and predicts only its own masked tokens, so a packed
+row computes exactly what its instances would alone. A row without ``sequence_ids`` (every
+record made by Google's script, or ours without packing) is one instance: ``sequence_ids`` =
+``input_mask``, ``positions`` = 0..L-1, ``next_sentence_positions`` = [0], weights [1]
+(``bertjax.pretrain.objective`` reads both forms).
+
 With ``data.objective == "ltr"`` (left-to-right ablation) inputs are not masked and
 ``P == L``: position ``i`` predicts token ``i + 1`` (weight 1 where that token is real).
 

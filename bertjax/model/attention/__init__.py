@@ -7,8 +7,13 @@ Per example b, head n, query q and key k (the query already scaled by 1 / sqrt(D
     u = exp(logits - stop_gradient(max_k logits)),  row_sum = sum_k u
     context = (sum_k dropout(dtype(u)) value) / row_sum
 
-Key ``k`` is allowed for query ``q`` when ``key_mask[b, k]`` is 1 and, for causal attention,
-``k <= query_positions[b, q]``. ``MASK_VALUE`` is finite, so a row whose keys are all masked (a
+``key_mask`` <int32>[B, L] holds each token's **sequence id**: 0 on padding, else the instance
+the token belongs to (1 for every real token of an unpacked row, 1..k in a row packed with k
+instances; ``bertjax.data.pipeline``'s packed-row contract). A query's id is its position's.
+Key ``k`` is allowed for query ``q`` when ``id[k] > 0`` and ``id[k] == id[q]`` (a packed row's
+instances never see each other; a padding query, id 0, sees every real key, as in an unpacked
+row) and, for causal attention, ``k <= query_positions[b, q]`` (row positions: causal within
+each instance). ``MASK_VALUE`` is finite, so a row whose keys are all masked (a
 padding-only example) is uniform over the L keys instead of NaN. Dropout is the counter hash of
 ``dropout.py`` over the global [B, N, Q, L] positions.
 
@@ -82,7 +87,8 @@ def attention(
     Args:
       query: <dtype>[B, Q, N, D], already scaled by 1 / sqrt(D).
       key, value: <dtype>[B, L, N, D].
-      key_mask: <int32>[B, L], 1 = a real token.
+      key_mask: <int32>[B, L], sequence ids: 0 = padding, > 0 = the token's instance
+        (an unpacked row's input mask is its sequence ids).
       causal: the left-to-right ablation's mask (key position <= query position).
       query_positions: <int32>[B, Q], the sequence position of each query (for the causal
         mask), or None when the queries are every position (Q == L).

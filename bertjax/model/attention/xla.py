@@ -12,15 +12,25 @@ from bertjax.model.attention.common import MASK_VALUE
 from bertjax.model.attention.dropout import dropout
 
 
+def query_ids(key_mask: jax.Array, query_positions: jax.Array | None) -> jax.Array:
+    """<int32>[B, Q]: each query's sequence id (the key mask's entry at its position)."""
+    if query_positions is None:
+        return key_mask
+    return jnp.take_along_axis(key_mask, query_positions, axis=1)
+
+
 def allowed_keys(key_mask: jax.Array, causal: bool, query_positions: jax.Array | None):
-    """<int32>[B, L] key mask -> <bool>[B, 1, 1 or Q, L]: which keys each query may attend to."""
-    allowed = key_mask[:, None, None, :].astype(bool)
+    """<int32>[B, L] key mask (sequence ids) -> <bool>[B, 1, 1 or Q, L]: which keys each query
+    may attend to (the package docstring's rule)."""
+    keys = key_mask[:, None, None, :]
+    queries = query_ids(key_mask, query_positions)[:, None, :, None]
+    allowed = (keys > 0) & ((keys == queries) | (queries <= 0))
     if causal:
         length = key_mask.shape[1]
         if query_positions is None:
             query_positions = jnp.broadcast_to(jnp.arange(length), key_mask.shape)
-        keys = jnp.arange(length)
-        allowed = allowed & (keys[None, None, None, :] <= query_positions[:, None, :, None])
+        index = jnp.arange(length)
+        allowed = allowed & (index[None, None, None, :] <= query_positions[:, None, :, None])
     return allowed
 
 
