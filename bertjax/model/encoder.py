@@ -132,12 +132,14 @@ class Embeddings(nn.Module):
         self.layer_norm = layer_norm(cfg, "layer_norm")
         self.dropout = Dropout(cfg.hidden_dropout_rate)
 
-    def __call__(self, input_ids, segment_ids, deterministic: bool) -> jax.Array:
-        """<int32>[B, L] ids and segment ids -> <dtype>[B, L, H]."""
-        length = input_ids.shape[1]
+    def __call__(self, input_ids, segment_ids, deterministic: bool, positions=None) -> jax.Array:
+        """<int32>[B, L] ids and segment ids -> <dtype>[B, L, H]; ``positions`` <int32>[B, L]:
+        each token's position id (a packed row's restart at each instance), else 0..L-1."""
+        if positions is None:
+            positions = jnp.arange(input_ids.shape[1])[None, :]
         x = (
             self.word_embeddings(input_ids)
-            + self.position_embeddings(jnp.arange(length)[None, :])
+            + self.position_embeddings(positions)
             + self.token_type_embeddings(segment_ids)
         )
         x = self.layer_norm(x)
@@ -319,9 +321,14 @@ class BertEncoder(nn.Module):
         deterministic: bool = True,
         output_hidden_states: bool = False,
         output_positions: jax.Array | None = None,
+        positions: jax.Array | None = None,
     ) -> EncoderOutput:
         """<int32>[B, L] input_ids, segment_ids, input_mask -> EncoderOutput.
 
+        ``input_mask`` is the attention's key mask: 1 on real tokens, 0 on padding, or a packed
+        row's ``sequence_ids`` (1..k per instance; ``bertjax.data.pipeline``'s packed row), with
+        which each instance attends only to itself. ``positions`` <int32>[B, L]: position ids
+        (a packed row's restart at 0 per instance); None: 0..L-1.
         ``output_positions`` <int32>[B, Q]: the sequence output only at these positions,
         <dtype>[B, Q, H]; with ``config.computes_only_output_positions`` the last layer then
         computes only them.
@@ -334,7 +341,7 @@ class BertEncoder(nn.Module):
                 f"sequence length {input_ids.shape[1]} exceeds "
                 f"max_position_embeddings={cfg.max_position_embeddings}"
             )
-        first = self.embeddings(input_ids, segment_ids, deterministic)
+        first = self.embeddings(input_ids, segment_ids, deterministic, positions)
         x, outputs = self.layers(
             first, input_mask, deterministic, output_hidden_states, output_positions
         )

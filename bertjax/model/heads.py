@@ -33,14 +33,15 @@ from bertjax.model.encoder import BertEncoder, Dense, activation, gather_positio
 
 
 class Pooler(nn.Module):
-    """tanh(dense(h[:, 0])): <dtype>[B, L, H] -> <dtype>[B, H]."""
+    """tanh(dense(h[:, 0])): <dtype>[B, L, H] -> <dtype>[B, H]; with ``each=True``, of every
+    state of <dtype>[B, K, H] (a packed row's K [CLS] states) -> <dtype>[B, K, H]."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, sequence_output: jax.Array) -> jax.Array:
+    def __call__(self, sequence_output: jax.Array, each: bool = False) -> jax.Array:
         cfg = self.config
-        first = sequence_output[:, 0]
+        first = sequence_output if each else sequence_output[:, 0]
         return jnp.tanh(Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="dense")(first))
 
 
@@ -74,7 +75,7 @@ class MaskedLMHead(nn.Module):
 
 
 class NextSentenceHead(nn.Module):
-    """<dtype>[B, H] pooled output -> <float32>[B, 2] logits (0 = IsNext, 1 = NotNext)."""
+    """<dtype>[..., H] pooled output -> <float32>[..., 2] logits (0 = IsNext, 1 = NotNext)."""
 
     config: BertConfig
 
@@ -121,7 +122,7 @@ class BertModel(nn.Module):
 
 class PreTrainingOutput(NamedTuple):
     mlm_logits: jax.Array  # <float32>[B, P, V]
-    nsp_logits: jax.Array  # <float32>[B, 2]
+    nsp_logits: jax.Array  # <float32>[B, 2]; a packed batch's: [B, K, 2], one per instance
 
 
 class BertForPreTraining(nn.Module):
@@ -141,19 +142,38 @@ class BertForPreTraining(nn.Module):
         self.nsp = NextSentenceHead(self.config, name="nsp")
 
     def __call__(
-        self, input_ids, segment_ids, input_mask, masked_lm_positions, *, deterministic: bool = True
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        masked_lm_positions,
+        *,
+        deterministic: bool = True,
+        positions=None,
+        next_sentence_positions=None,
     ) -> PreTrainingOutput:
-        """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput."""
-        cls_position = jnp.zeros_like(masked_lm_positions[:, :1])
+        """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput.
+
+        A packed batch (``bertjax.data.pipeline``'s packed row) passes its ``sequence_ids`` as
+        ``input_mask``, its ``positions``, and ``next_sentence_positions`` <int32>[B, K], the
+        instances' [CLS] positions: NSP then pools each and gives <float32>[B, K, 2].
+        """
+        packed = next_sentence_positions is not None
+        cls_positions = (
+            next_sentence_positions if packed else jnp.zeros_like(masked_lm_positions[:, :1])
+        )
+        k = cls_positions.shape[1]
         read = self.encoder(
             input_ids,
             segment_ids,
             input_mask,
             deterministic=deterministic,
-            output_positions=jnp.concatenate([cls_position, masked_lm_positions], axis=1),
-        ).sequence_output  # <dtype>[B, 1 + P, H]: [CLS], then the masked positions
-        mlm_logits = self.mlm(read[:, 1:], None, self.encoder.attend)
-        return PreTrainingOutput(mlm_logits, self.nsp(self.pooler(read)))
+            output_positions=jnp.concatenate([cls_positions, masked_lm_positions], axis=1),
+            positions=positions,
+        ).sequence_output  # <dtype>[B, K + P, H]: the [CLS] states, then the masked positions
+        mlm_logits = self.mlm(read[:, k:], None, self.encoder.attend)
+        pooled = self.pooler(read[:, :k], each=True) if packed else self.pooler(read)
+        return PreTrainingOutput(mlm_logits, self.nsp(pooled))
 
 
 # ---- Fine-tuning task heads (paper §4). Same ``encoder``/``pooler`` names as BertModel. ----

@@ -44,30 +44,36 @@ def pretraining_sums(mlm_logits, nsp_logits, batch) -> dict[str, jax.Array]:
 
     Args:
       mlm_logits: <float32>[B, P, V] at ``batch['masked_lm_positions']``.
-      nsp_logits: <float32>[B, 2].
+      nsp_logits: <float32>[B, 2], or [B, K, 2] for a packed batch (one per instance).
       batch: the pretraining batch dict (``masked_lm_ids <int32>[B, P]``, ``masked_lm_weights
-        <float32>[B, P]``, ``next_sentence_labels <int32>[B]``; optional ``example_weight
+        <float32>[B, P]``, ``next_sentence_labels <int32>[B]`` or [B, K] with
+        ``next_sentence_weights <float32>[B, K]`` when packed; optional ``example_weight
         <float32>[B]`` that zeroes padding rows of an eval batch).
 
     Returns:
       ``mlm_loss_sum, mlm_correct_sum, mlm_weight_sum, nsp_loss_sum, nsp_correct_sum,
-      nsp_weight_sum`` (float32 scalars).
+      nsp_weight_sum`` (float32 scalars; NSP's weight is the count of real instances).
     """
     mlm = weighted_cross_entropy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"].reshape(-1)
     nsp_weights = example_weights(batch)
-    nsp = weighted_cross_entropy(nsp_logits, labels, nsp_weights)
+    nsp = weighted_cross_entropy(nsp_logits.reshape(-1, 2), labels, nsp_weights)
     out = {f"mlm_{k}": v for k, v in mlm.items()}
     out.update({f"nsp_{k}": v for k, v in nsp.items()})
     return out
 
 
 def example_weights(batch) -> jax.Array:
-    """<float32>[B]: 1 per real sequence, 0 for padding rows of a finite eval stream."""
-    labels = batch["next_sentence_labels"].reshape(-1)
+    """<float32>[B] (or [B * K] for a packed batch): 1 per real instance, 0 for a packed row's
+    list padding (``next_sentence_weights``) and for padding rows of a finite eval stream."""
+    labels = batch["next_sentence_labels"]
+    weights = jnp.ones(labels.shape, jnp.float32)
+    if "next_sentence_weights" in batch:
+        weights = batch["next_sentence_weights"].astype(jnp.float32)
     if "example_weight" in batch:
-        return batch["example_weight"].astype(jnp.float32).reshape(-1)
-    return jnp.ones(labels.shape, jnp.float32)
+        row = batch["example_weight"].astype(jnp.float32)
+        weights = weights * row.reshape(row.shape + (1,) * (weights.ndim - 1))
+    return weights.reshape(-1)
 
 
 def total_loss(sums, mlm_denominator, nsp_denominator, nsp_loss_weight: float) -> jax.Array:

@@ -1,10 +1,11 @@
 """Pretraining's objective on the trainer core: MLM + NSP on ``BertForPreTraining``.
 
 The loss is the paper's: mean MLM loss over the masked positions of the global batch plus
-``train.nsp_loss_weight`` x mean NSP loss over its sequences (``bertjax.model.losses``); the
-denominators are counted over the whole global batch before it is split into micro-batches, so
-gradient accumulation gives the same update. The batch is the spec of ``bertjax.data.pipeline``
-(``BATCH_KEYS``), split over the mesh's data axes; eval batches also carry ``example_weight``.
+``train.nsp_loss_weight`` x mean NSP loss over its instances (a packed row counts each of its
+instances; ``bertjax.model.losses``); the denominators are counted over the whole global batch
+before it is split into micro-batches, so gradient accumulation gives the same update. The batch
+is the spec of ``bertjax.data.pipeline`` (``BATCH_KEYS``; packed rows add their features),
+split over the mesh's data axes; eval batches also carry ``example_weight``.
 
 Everything else (state, shardings, the pure step, jit, accumulation, the non-finite guard) is the
 trainer core's: ``bertjax.training.step`` and ``bertjax.training.compiled``. :func:`build_trainer`
@@ -64,10 +65,12 @@ class Pretraining:
             {"params": params},
             batch["input_ids"],
             batch["segment_ids"],
-            batch["input_mask"],
+            batch.get("sequence_ids", batch["input_mask"]),  # packed rows: the instances
             batch["masked_lm_positions"],
             deterministic=dropout_rng is None,
             rngs=None if dropout_rng is None else {"dropout": dropout_rng},
+            positions=batch.get("positions"),
+            next_sentence_positions=batch.get("next_sentence_positions"),
         )
         return losses.pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
 
@@ -112,8 +115,11 @@ def objective_from(config, bert_config: BertConfig) -> Pretraining:
     )
 
 
-def abstract_batch(global_batch: int, length: int, predictions: int, eval: bool = False) -> dict:
-    """The global batch spec; eval batches also carry ``example_weight <float32>[B]``."""
+def abstract_batch(
+    global_batch: int, length: int, predictions: int, eval: bool = False, pack: int = 0
+) -> dict:
+    """The global batch spec; eval batches also carry ``example_weight <float32>[B]``; ``pack``
+    = K > 0: packed rows of up to K instances (the packed row's features)."""
     i32, f32 = jnp.int32, jnp.float32
     spec = {k: ((global_batch, length), i32) for k in BATCH_KEYS[:3]}
     spec.update(
@@ -122,6 +128,14 @@ def abstract_batch(global_batch: int, length: int, predictions: int, eval: bool 
         masked_lm_weights=((global_batch, predictions), f32),
         next_sentence_labels=((global_batch,), i32),
     )
+    if pack:
+        spec.update(
+            positions=((global_batch, length), i32),
+            sequence_ids=((global_batch, length), i32),
+            next_sentence_positions=((global_batch, pack), i32),
+            next_sentence_labels=((global_batch, pack), i32),
+            next_sentence_weights=((global_batch, pack), f32),
+        )
     if eval:
         spec["example_weight"] = ((global_batch,), f32)
     return {k: jax.ShapeDtypeStruct(*v) for k, v in spec.items()}

@@ -1,0 +1,187 @@
+"""Packed rows compute exactly what their instances compute alone (dropout off): the packed-row
+contract of ``bertjax.data.pipeline`` through the model (attention by sequence ids, position ids
+from ``positions``, NSP per [CLS]) and the pretraining objective (MLM unchanged, NSP the mean over
+real instances).
+
+The packing here is the contract's definition written out by hand (instances concatenated, their
+positions restarting, masked positions shifted to row positions), independent of
+``bertjax.data.packing``: a packed batch and the unpacked batch of the same instances must give
+every instance the same hidden states, and the train step the same loss and gradients.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.model.config import BertConfig
+from bertjax.model.encoder import BertEncoder
+from bertjax.model.heads import BertForPreTraining, BertModel
+from bertjax.pretrain import objective as objective_lib
+
+LENGTH, PREDICTIONS, K = 32, 4, 3
+# Instance lengths; packed rows: [0, 1, 2] fill 31 of 32 slots, [3, 4] 27, [5] (alone) 7.
+LENGTHS = (12, 9, 10, 15, 12, 7)
+PACKS = ((0, 1, 2), (3, 4), (5,))
+
+
+def _config(**overrides) -> BertConfig:
+    return BertConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4,
+                      intermediate_size=32, max_position_embeddings=LENGTH,
+                      hidden_dropout_rate=0.0, attention_dropout_rate=0.0,
+                      **overrides)  # fmt: skip
+
+
+def _instances(seed=0):
+    """One dict per instance of its own length: ids ([CLS]=2 first), segment ids, up to
+    PREDICTIONS masked positions (increasing, > 0) with their labels, an NSP label."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in LENGTHS:
+        ids = rng.integers(5, 40, n).astype(np.int32)
+        ids[0] = 2
+        split = int(rng.integers(2, n - 1))
+        count = int(rng.integers(1, PREDICTIONS + 1))
+        out.append({
+            "ids": ids,
+            "segments": (np.arange(n) >= split).astype(np.int32),
+            "masked": np.sort(rng.choice(np.arange(1, n), count, replace=False)).astype(np.int32),
+            "labels": rng.integers(5, 40, count).astype(np.int32),
+            "nsp": int(rng.integers(0, 2)),
+        })  # fmt: skip
+    return out
+
+
+def _unpacked(instances) -> dict:
+    rows = len(instances)
+    batch = {
+        "input_ids": np.zeros((rows, LENGTH), np.int32),
+        "segment_ids": np.zeros((rows, LENGTH), np.int32),
+        "input_mask": np.zeros((rows, LENGTH), np.int32),
+        "masked_lm_positions": np.zeros((rows, PREDICTIONS), np.int32),
+        "masked_lm_ids": np.zeros((rows, PREDICTIONS), np.int32),
+        "masked_lm_weights": np.zeros((rows, PREDICTIONS), np.float32),
+        "next_sentence_labels": np.zeros((rows,), np.int32),
+    }
+    for r, inst in enumerate(instances):
+        n, p = len(inst["ids"]), len(inst["masked"])
+        batch["input_ids"][r, :n] = inst["ids"]
+        batch["segment_ids"][r, :n] = inst["segments"]
+        batch["input_mask"][r, :n] = 1
+        batch["masked_lm_positions"][r, :p] = inst["masked"]
+        batch["masked_lm_ids"][r, :p] = inst["labels"]
+        batch["masked_lm_weights"][r, :p] = 1
+        batch["next_sentence_labels"][r] = inst["nsp"]
+    return batch
+
+
+def _packed(instances) -> dict:
+    """The packed-row contract, by hand: K instances per row at most, K * PREDICTIONS slots."""
+    rows, predictions = len(PACKS), K * PREDICTIONS
+    batch = {
+        "input_ids": np.zeros((rows, LENGTH), np.int32),
+        "segment_ids": np.zeros((rows, LENGTH), np.int32),
+        "input_mask": np.zeros((rows, LENGTH), np.int32),
+        "positions": np.zeros((rows, LENGTH), np.int32),
+        "sequence_ids": np.zeros((rows, LENGTH), np.int32),
+        "masked_lm_positions": np.zeros((rows, predictions), np.int32),
+        "masked_lm_ids": np.zeros((rows, predictions), np.int32),
+        "masked_lm_weights": np.zeros((rows, predictions), np.float32),
+        "next_sentence_positions": np.zeros((rows, K), np.int32),
+        "next_sentence_labels": np.zeros((rows, K), np.int32),
+        "next_sentence_weights": np.zeros((rows, K), np.float32),
+    }
+    for r, pack in enumerate(PACKS):
+        start = predicted = 0
+        for j, i in enumerate(pack):
+            inst = instances[i]
+            n, p = len(inst["ids"]), len(inst["masked"])
+            row = slice(start, start + n)
+            batch["input_ids"][r, row] = inst["ids"]
+            batch["segment_ids"][r, row] = inst["segments"]
+            batch["input_mask"][r, row] = 1
+            batch["positions"][r, row] = np.arange(n)
+            batch["sequence_ids"][r, row] = j + 1
+            batch["masked_lm_positions"][r, predicted : predicted + p] = start + inst["masked"]
+            batch["masked_lm_ids"][r, predicted : predicted + p] = inst["labels"]
+            batch["masked_lm_weights"][r, predicted : predicted + p] = 1
+            batch["next_sentence_positions"][r, j] = start
+            batch["next_sentence_labels"][r, j] = inst["nsp"]
+            batch["next_sentence_weights"][r, j] = 1
+            start, predicted = start + n, predicted + p
+    return batch
+
+
+def _params(cfg, seed=0):
+    ids = jnp.zeros((1, LENGTH), jnp.int32)
+    positions = jnp.zeros((1, PREDICTIONS), jnp.int32)
+    return BertForPreTraining(cfg).init(jax.random.key(seed), ids, ids, ids, positions)["params"]
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "causal"])
+def test_each_packed_instance_gets_its_hidden_states_alone(attention):
+    """Encoder + pooler: every instance's token states in a packed row equal the same instance
+    alone in its own row (causal: within the instance), and its pooled [CLS] too."""
+    cfg = _config(attention=attention)
+    params = _params(cfg)
+    model_params = {"encoder": params["encoder"], "pooler": params["pooler"]}
+    instances = _instances()
+    alone, packed = _unpacked(instances), _packed(instances)
+    model = BertModel(cfg)
+    ref = model.apply({"params": model_params}, alone["input_ids"], alone["segment_ids"],
+                      alone["input_mask"])  # fmt: skip
+    states = BertEncoder(cfg).apply(
+        {"params": params["encoder"]}, packed["input_ids"], packed["segment_ids"],
+        packed["sequence_ids"], positions=packed["positions"],
+    ).sequence_output  # fmt: skip
+    for r, pack in enumerate(PACKS):
+        start = 0
+        for i in pack:
+            n = LENGTHS[i]
+            np.testing.assert_allclose(
+                states[r, start : start + n], ref.sequence_output[i, :n], rtol=1e-5, atol=1e-5
+            )
+            start += n
+    heads = BertForPreTraining(cfg)
+    logits = heads.apply({"params": params}, *(packed[k] for k in (
+        "input_ids", "segment_ids", "sequence_ids", "masked_lm_positions")),
+        positions=packed["positions"], next_sentence_positions=packed["next_sentence_positions"],
+    ).nsp_logits  # fmt: skip
+    ref_logits = heads.apply({"params": params}, *(alone[k] for k in (
+        "input_ids", "segment_ids", "input_mask", "masked_lm_positions"))).nsp_logits  # fmt: skip
+    assert logits.shape == (len(PACKS), K, 2)
+    for r, pack in enumerate(PACKS):
+        for j, i in enumerate(pack):
+            np.testing.assert_allclose(logits[r, j], ref_logits[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gather_last_layer", [True, False])
+def test_a_packed_step_has_the_unpacked_loss_and_gradients(gather_last_layer):
+    """The objective's loss (mean MLM over masked tokens + mean NSP over real instances) and its
+    gradient for every parameter: packed batch == the same instances unpacked."""
+    cfg = _config(gather_last_layer=gather_last_layer)
+    params = _params(cfg)
+    objective = objective_lib.Pretraining(BertForPreTraining(cfg), LENGTH, PREDICTIONS)
+    instances = _instances(seed=1)
+
+    def loss_and_grads(batch):
+        batch = jax.tree.map(jnp.asarray, batch)
+
+        def loss(params):
+            sums = objective.sums(params, batch, None)
+            return objective.loss(sums, objective.normalizers(batch)), sums
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (loss, sums), grads = loss_and_grads(_packed(instances))
+    (ref_loss, ref_sums), ref_grads = loss_and_grads(_unpacked(instances))
+    assert float(sums["nsp_weight_sum"]) == float(ref_sums["nsp_weight_sum"]) == len(LENGTHS)
+    assert float(sums["mlm_weight_sum"]) == float(ref_sums["mlm_weight_sum"])
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for key in ("mlm_loss_sum", "mlm_correct_sum", "nsp_loss_sum", "nsp_correct_sum"):
+        np.testing.assert_allclose(sums[key], ref_sums[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    flat, ref_flat = jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads)
+    for (path, grad), ref in zip(flat, ref_flat, strict=True):
+        scale = max(float(np.abs(ref).max()), 1e-6)
+        np.testing.assert_allclose(grad, ref, rtol=0, atol=2e-5 * scale,
+                                   err_msg=jax.tree_util.keystr(path))  # fmt: skip
