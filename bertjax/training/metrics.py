@@ -111,15 +111,21 @@ def summarize_train(
     peak_flops_per_device: float | None,
 ) -> dict:
     """Window sums of the train step's metrics (``bertjax.training.step``) -> the mean loss and
-    gradient norm per update, rows and tokens per second, model FLOP/s per device and MFU."""
+    gradient norm per update; instances (``sequences_per_sec``) and real tokens per second and
+    per update (from ``instances_sum``/``tokens_sum``; without them, rows and their slots);
+    model FLOP/s per device and MFU (from the rows computed, padding and all)."""
     steps = sums["steps"]
+    instances = sums.get("instances_sum", steps * rows_per_step)
+    tokens = sums.get("tokens_sum", steps * rows_per_step * tokens_per_row)
     out = {
         "loss": ratio(sums["loss_sum"], steps),
         "grad_norm": ratio(sums["grad_norm_sum"], steps),
-        "sequences_per_sec": ratio(steps * rows_per_step, seconds),
+        "sequences_per_sec": ratio(instances, seconds),
+        "tokens_per_sec": ratio(tokens, seconds),
+        "instances_per_step": ratio(instances, steps),
+        "tokens_per_step": ratio(tokens, steps),
     }
-    out["tokens_per_sec"] = out["sequences_per_sec"] * tokens_per_row
-    out["flops_per_device"] = out["sequences_per_sec"] * flops_per_row / num_devices
+    out["flops_per_device"] = ratio(steps * rows_per_step * flops_per_row, seconds) / num_devices
     if peak_flops_per_device:
         out["mfu"] = out["flops_per_device"] / peak_flops_per_device
     return out
@@ -150,10 +156,16 @@ def format_train_line(
     eta_seconds: float,
     short_names: tuple[tuple[str, str], ...] = (),
 ) -> str:
-    """``step s/N loss X <the objective's metrics> lr grad_norm seq/s tok/s gflop/s/dev [mfu]
-    [input_wait] [host rows/s/core] eta``; ``short_names`` lists the objective's metrics in order
-    with their names here."""
+    """``step s/N loss X <the objective's metrics> lr grad_norm seq/s tok/s [inst/step
+    tok/step] gflop/s/dev [mfu] [input_wait] [host rows/s/core] eta``; ``short_names`` lists
+    the objective's metrics in order with their names here."""
     objective = "".join(f" {short} {values[name]:.4f}" for name, short in short_names)
+    per_step = ""
+    if "instances_per_step" in values:
+        per_step = (
+            f"inst/step {values['instances_per_step']:.1f} "
+            f"tok/step {values['tokens_per_step']:.0f} "
+        )
     mfu = f" mfu {100 * values['mfu']:.1f}%" if "mfu" in values else ""
     if "input_wait" in values:
         mfu += f" input_wait {100 * values['input_wait']:.1f}%"
@@ -163,6 +175,7 @@ def format_train_line(
         f"step {step}/{num_steps} loss {values['loss']:.4f}{objective} "
         f"lr {learning_rate:.3g} grad_norm {values['grad_norm']:.3f} "
         f"seq/s {values['sequences_per_sec']:.1f} tok/s {values['tokens_per_sec']:.0f} "
+        f"{per_step}"
         f"gflop/s/dev {values['flops_per_device'] / 1e9:.1f}{mfu} eta {format_eta(eta_seconds)}"
     )
 

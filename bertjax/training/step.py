@@ -10,8 +10,10 @@ Step contract::
   ``fold_in(fold_in(rng, s), a)``;
 * ``metrics`` are sums and counts, divided on the host (``bertjax.training.metrics``): the
   objective's sums plus ``loss_sum`` (this update's loss), ``steps`` (1), ``grad_norm_sum``,
-  ``learning_rate`` (the rate this update used) and ``nonfinite`` (1 for a NaN/Inf loss or
-  gradient norm).
+  ``learning_rate`` (the rate this update used), ``nonfinite`` (1 for a NaN/Inf loss or
+  gradient norm), ``instances_sum`` (the batch's instances: a packed batch's
+  ``next_sentence_weights`` summed, else its rows) and ``tokens_sum`` (its real tokens:
+  ``input_mask`` != 0), so the log counts what was learned from, not the slots computed.
 
 What differs between pretraining and fine-tuning is an :class:`Objective`: the model and its
 init, the batch's global normalisers, the per-(micro)batch sums and the loss made of them.
@@ -138,8 +140,19 @@ def train_step(
         grad_norm_sum=grad_norm,
         learning_rate=schedule(state.step),
         nonfinite=1.0 - finite.astype(jnp.float32),
+        **batch_counts(batch),
     )
     return new_state, metrics
+
+
+def batch_counts(batch) -> dict:
+    """``instances_sum`` and ``tokens_sum`` of a global batch (the module docstring)."""
+    if "next_sentence_weights" in batch:  # packed rows (bertjax.data.pipeline)
+        instances = jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
+    else:
+        instances = jnp.asarray(batch["input_mask"].shape[0], jnp.float32)
+    tokens = jnp.sum((batch["input_mask"] != 0).astype(jnp.float32))
+    return {"instances_sum": instances, "tokens_sum": tokens}
 
 
 def eval_sums(params, batch, *, objective: Objective) -> dict:

@@ -292,7 +292,8 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
     assert "stsb/train: 16 examples -> 16 features" in lines
     progress = [x for x in lines if x.startswith("step ")]
     assert re.fullmatch(r"step 1/\d+ loss [\d.]+ lr \S+ grad_norm [\d.]+ seq/s [\d.]+ tok/s \d+ "
-                        r"gflop/s/dev [\d.]+ input_wait [\d.]+% host [\d.]+[kM]?/s/core eta \?",
+                        r"inst/step 8.0 tok/step \d+ gflop/s/dev [\d.]+ input_wait [\d.]+% "
+                        r"host [\d.]+[kM]?/s/core eta \?",
                         progress[0]), progress  # fmt: skip
     assert any(x.startswith("eval dev: ") and " pearson " in x for x in lines), lines
     dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]

@@ -18,6 +18,7 @@ from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
 from bertjax.model.heads import BertForPreTraining, BertModel
 from bertjax.pretrain import objective as objective_lib
+from bertjax.training import step as step_lib
 
 LENGTH, PREDICTIONS, K = 32, 4, 3
 # Instance lengths; packed rows: [0, 1, 2] fill 31 of 32 slots, [3, 4] 27, [5] (alone) 7.
@@ -185,3 +186,13 @@ def test_a_packed_step_has_the_unpacked_loss_and_gradients(gather_last_layer):
         scale = max(float(np.abs(ref).max()), 1e-6)
         np.testing.assert_allclose(grad, ref, rtol=0, atol=2e-5 * scale,
                                    err_msg=jax.tree_util.keystr(path))  # fmt: skip
+
+
+def test_the_step_counts_instances_and_real_tokens():
+    """The train step's ``instances_sum``/``tokens_sum`` (the log's seq/s, tok/s and per-step
+    counts): a packed batch's real instances and tokens equal the unpacked batch's."""
+    instances = _instances()
+    for batch in (_packed(instances), _unpacked(instances)):
+        counts = step_lib.batch_counts(jax.tree.map(jnp.asarray, batch))
+        assert float(counts["instances_sum"]) == len(LENGTHS)
+        assert float(counts["tokens_sum"]) == sum(LENGTHS)

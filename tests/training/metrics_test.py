@@ -37,6 +37,8 @@ def test_summaries_divide_sums_once():
             nsp_correct_sum=1.0,
             nsp_weight_sum=2.0,
             grad_norm_sum=1.0,
+            instances_sum=3.0,  # e.g. packed rows: 3 instances, 20 real tokens
+            tokens_sum=20.0,
         )
     )
     acc.add(
@@ -50,6 +52,8 @@ def test_summaries_divide_sums_once():
             nsp_correct_sum=2.0,
             nsp_weight_sum=2.0,
             grad_norm_sum=3.0,
+            instances_sum=1.0,
+            tokens_sum=12.0,
         )
     )
     values = metrics.summarize_train(
@@ -67,13 +71,17 @@ def test_summaries_divide_sums_once():
     np.testing.assert_allclose(values["mlm_accuracy"], 1.0 / 4.0)
     np.testing.assert_allclose(values["nsp_accuracy"], 3.0 / 4.0)
     np.testing.assert_allclose(values["loss"], 3.0)
-    np.testing.assert_allclose(values["sequences_per_sec"], 4.0)
-    np.testing.assert_allclose(values["tokens_per_sec"], 32.0)
+    # Instances and real tokens learned from; FLOPs and MFU from the 2 x 4 rows computed.
+    np.testing.assert_allclose(values["sequences_per_sec"], 4.0 / 2.0)
+    np.testing.assert_allclose(values["tokens_per_sec"], 32.0 / 2.0)
+    np.testing.assert_allclose(values["instances_per_step"], 2.0)
+    np.testing.assert_allclose(values["tokens_per_step"], 16.0)
     np.testing.assert_allclose(values["mfu"], 4.0 * 10.0 / 40.0)
     line = metrics.format_train_line(10, 100, values, 1e-4, 3725.0, objective.SHORT_NAMES)
     assert line == (
         "step 10/100 loss 3.0000 mlm_loss 2.0000 mlm_acc 0.2500 nsp_loss 0.5000 nsp_acc 0.7500 "
-        "lr 0.0001 grad_norm 2.000 seq/s 4.0 tok/s 32 gflop/s/dev 0.0 mfu 100.0% eta 1h02m05s"
+        "lr 0.0001 grad_norm 2.000 seq/s 2.0 tok/s 16 inst/step 2.0 tok/step 16 gflop/s/dev 0.0 "
+        "mfu 100.0% eta 1h02m05s"
     )
     line = metrics.format_train_line(10, 100, {**values, "input_wait": 0.125}, 1e-4, 3725.0)
     assert line.endswith(" mfu 100.0% input_wait 12.5% eta 1h02m05s"), line
