@@ -32,7 +32,7 @@ from bertjax.pretrain import continued as continued_lib
 from bertjax.pretrain import inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.pretrain import start as start_lib
-from bertjax.pretrain.objective import BATCH_KEYS
+from bertjax.pretrain.objective import BATCH_KEYS, PACKED_KEYS
 from bertjax.training import loop as loop_lib
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
@@ -44,7 +44,7 @@ def _evaluate(config, bert_config, eval_fn, params) -> dict:
     per_host = int(config.train.eval_batch_size) // jax.process_count()
     batches = inputs.host_batches(config, bert_config, split="eval", batch_size=per_host)
     for batch in itertools.islice(batches, int(config.train.eval_steps)):
-        batch = {k: batch[k] for k in (*BATCH_KEYS, "example_weight") if k in batch}
+        batch = {k: batch[k] for k in (*BATCH_KEYS, *PACKED_KEYS, "example_weight") if k in batch}
         batch.setdefault("example_weight", np.ones(per_host, np.float32))
         acc.add(jax.device_get(eval_fn(params, sh.make_global_batch(batch, eval_fn.mesh))))
     return objective_lib.summarize_eval(acc.sums) if acc.sums else {}
@@ -61,7 +61,7 @@ def _train_batches(config, bert_config, start_batch: int):
         if index == 0:
             inputs.check_batch(batch, config, per_host)
         # example_weight: eval only; host_seconds: for the loop's host rate
-        yield {k: batch[k] for k in (*BATCH_KEYS, HOST_SECONDS) if k in batch}
+        yield {k: batch[k] for k in (*BATCH_KEYS, *PACKED_KEYS, HOST_SECONDS) if k in batch}
 
 
 def _report(config, bert_config) -> loop_lib.Report:

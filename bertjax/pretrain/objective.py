@@ -31,6 +31,16 @@ from bertjax.training.step import StepConfig
 
 # The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
 BATCH_KEYS = pipeline.STEP_FEATURES
+# What a packed row adds (the packed-row contract; next_sentence_labels becomes [B, K]).
+PACKED_KEYS = ("positions", "sequence_ids", "next_sentence_positions", "next_sentence_weights")
+
+
+def pack_width(config) -> int:
+    """K, the instances a packed row holds (``data.max_sequences_per_pack``), or 0 unpacked."""
+    data = config.data
+    return int(data.max_sequences_per_pack) if data.get("pack_sequences", False) else 0
+
+
 # The objective's metrics in the console line, in order, with their names there.
 SHORT_NAMES = (
     ("mlm_loss", "mlm_loss"),
@@ -159,8 +169,10 @@ def build_steps(config, mesh: Mesh) -> Steps:
     objective = objective_from(config, bert_config)
     tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))
     schedule = optimizer.learning_rate_schedule(config.optimizer, schedule_steps(config))
-    train_batch = abstract_batch(int(config.train.global_batch_size), length, predictions)
-    eval_batch = abstract_batch(int(config.train.eval_batch_size), length, predictions, eval=True)
+    pack = pack_width(config)
+    train_rows, eval_rows = int(config.train.global_batch_size), int(config.train.eval_batch_size)
+    train_batch = abstract_batch(train_rows, length, predictions, pack=pack)
+    eval_batch = abstract_batch(eval_rows, length, predictions, eval=True, pack=pack)
     trainer = compiled.build_trainer(
         objective, tx, schedule, step_config_from(config), mesh, config.mesh.rules, train_batch
     )
