@@ -2,7 +2,7 @@
 
     python -m bertjax.extract_features --input_file=in.txt --output_file=out.jsonl \
         --checkpoint=DIR [--layers=-1,-2,-3,-4] [--max_seq_length=128] [--batch_size=8] \
-        [--vocab_file=V] [--do_lower_case=true|false]
+        [--vocab_file=V] [--do_lower_case=true|false] [--pack_sequences]
 
 Input: one sequence per line, ``A ||| B`` for a pair (every line is an example, blank ones too,
 as in the original). Output: one JSON object per input line, the original script's format::
@@ -17,8 +17,12 @@ popping from the longer side (``B`` on ties), a single sequence to ``max_seq_len
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
 ``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
-last batch is padded. The output file is written atomically (``bertjax.atomic``). Every path may
-be on ``gs://``.
+last batch is padded. With ``--pack_sequences`` each row holds up to ``--max_sequences_per_pack``
+whole examples (``bertjax.data.packing``, over windows of ``batch_size * max_sequences_per_pack *
+4`` examples in input order), each attending only to itself with its own positions (the packed
+row of ``bertjax.data.pipeline``), and the output is what it is unpacked: the same lines, in the
+same order, every value equal up to float32 rounding (``tests/commands/extract_features_test``).
+The output file is written atomically (``bertjax.atomic``). Every path may be on ``gs://``.
 """
 
 from __future__ import annotations
@@ -110,23 +114,47 @@ def hidden_state_positions(layers: list[int], num_layers: int) -> list[int]:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _forward(config: BertConfig, positions: tuple[int, ...], params, input_ids, segment_ids,
-             input_mask) -> jax.Array:  # fmt: skip
-    """<int32>[B, L] x3 -> <float32>[B, K, L, H] activations of the K chosen layers."""
-    out = BertEncoder(config).apply({"params": params}, input_ids, segment_ids, input_mask,
-                                    output_hidden_states=True)  # fmt: skip
-    return jnp.stack([out.hidden_states[p] for p in positions], axis=1).astype(jnp.float32)
+def _forward(config: BertConfig, layers: tuple[int, ...], params, input_ids, segment_ids,
+             sequence_ids, positions) -> jax.Array:  # fmt: skip
+    """<int32>[B, L] x4 -> <float32>[B, K, L, H] activations of the K chosen layers."""
+    out = BertEncoder(config).apply({"params": params}, input_ids, segment_ids, sequence_ids,
+                                    output_hidden_states=True, positions=positions)  # fmt: skip
+    return jnp.stack([out.hidden_states[p] for p in layers], axis=1).astype(jnp.float32)
 
 
-def _batches(features: list[Feature], batch_size: int, max_seq_length: int):
-    """Yields (features, ids, segment_ids, mask), each <int32>[batch_size, max_seq_length]."""
-    for start in range(0, len(features), batch_size):
-        chunk = features[start : start + batch_size]
-        arrays = np.zeros((3, batch_size, max_seq_length), np.int32)  # the last batch is padded
-        for row, feature in enumerate(chunk):
-            n = len(feature.input_ids)
-            arrays[:, row, :n] = feature.input_ids, feature.segment_ids, [1] * n
-        yield chunk, arrays[0], arrays[1], arrays[2]
+def _rows(features: list[Feature], batch_size: int, max_seq_length: int, pack: int):
+    """Rows of examples: one each, or packs of up to ``pack`` (``bertjax.data.packing``) over
+    windows of ``batch_size * pack * 4`` examples, in input order within each window."""
+    if not pack:
+        return [[f] for f in features]
+    from bertjax.data import packing  # noqa: PLC0415
+
+    rows, window = [], batch_size * pack * 4
+    for start in range(0, len(features), window):
+        chunk = features[start : start + window]
+        lengths = [len(f.input_ids) for f in chunk]
+        for group in packing.pack_lengths(lengths, max_seq_length, pack):
+            rows.append([chunk[i] for i in group])
+    return rows
+
+
+def _batches(rows: list[list[Feature]], batch_size: int, max_seq_length: int):
+    """Yields (rows, arrays): ``arrays`` = ids, segment ids, sequence ids and positions, each
+    <int32>[batch_size, max_seq_length] (the last batch padded with empty rows)."""
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        arrays = np.zeros((4, batch_size, max_seq_length), np.int32)
+        for row, examples in enumerate(chunk):
+            offset = 0
+            for k, feature in enumerate(examples):
+                n = len(feature.input_ids)
+                span = slice(offset, offset + n)
+                arrays[0, row, span] = feature.input_ids
+                arrays[1, row, span] = feature.segment_ids
+                arrays[2, row, span] = k + 1  # sequence ids
+                arrays[3, row, span] = np.arange(n)  # positions
+                offset += n
+        yield chunk, arrays
 
 
 def _json_line(feature: Feature, activations: np.ndarray, layers: list[int]) -> str:
@@ -153,7 +181,8 @@ def _validate(conv: Converted, max_seq_length: int, batch_size: int, vocab_size:
 
 def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int],
             max_seq_length: int = 128, batch_size: int = 8, vocab_file: str | None = None,
-            do_lower_case: bool | None = None) -> int:  # fmt: skip
+            do_lower_case: bool | None = None, pack: bool = False,
+            max_sequences_per_pack: int = 3) -> int:  # fmt: skip
     """Writes the JSON lines for every line of ``input_file``; returns the number written."""
     import tensorflow as tf  # noqa: PLC0415 - heavy; only the tokenizer needs it
 
@@ -170,16 +199,32 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     casing = conv.do_lower_case if do_lower_case is None else do_lower_case
     tokenizer = WordPieceTokenizer(vocab_file or conv.vocab_file, casing)
     _validate(conv, max_seq_length, batch_size, tokenizer.vocab_size)
+    if pack and max_sequences_per_pack < 1:
+        raise ExtractError(
+            f"--max_sequences_per_pack={max_sequences_per_pack}: expected a positive integer"
+        )
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
     config = sh.bert_config_for(conv.config, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    rows = _rows(features, batch_size, max_seq_length, max_sequences_per_pack if pack else 0)
+    done: dict[int, str] = {}  # lines computed ahead of their turn (packing reorders a window)
+    written = 0
     with atomic.writer(output_file, "w") as f:
-        for chunk, ids, segments, mask in _batches(features, batch_size, max_seq_length):
-            out = np.asarray(_forward(config, positions, params, ids, segments, mask))
-            for row, feature in enumerate(chunk):
-                f.write(_json_line(feature, out[row], layers))
-    return len(features)
+        for chunk, arrays in _batches(rows, batch_size, max_seq_length):
+            out = np.asarray(_forward(config, positions, params, *arrays))
+            for row, examples in enumerate(chunk):
+                offset = 0
+                for feature in examples:
+                    n = len(feature.input_ids)
+                    done[feature.unique_id] = _json_line(
+                        feature, out[row][:, offset : offset + n], layers
+                    )
+                    offset += n
+            while written in done:
+                f.write(done.pop(written))
+                written += 1
+    return written
 
 
 def parse_layers(text: str) -> list[int]:
@@ -197,13 +242,16 @@ def _define_flags() -> None:
     flags.DEFINE_string("vocab_file", None, "WordPiece vocab; default: the checkpoint's.")
     flags.DEFINE_boolean("do_lower_case", None, "Lower-case input; default: the checkpoint's.")
     flags.DEFINE_integer("max_seq_length", 128, "Word pieces per example incl. [CLS]/[SEP].")
-    flags.DEFINE_integer("batch_size", 8, "Examples per forward pass.")
+    flags.DEFINE_integer("batch_size", 8, "Rows per forward pass.")
+    flags.DEFINE_boolean("pack_sequences", False, "Pack whole examples into rows (same output).")
+    flags.DEFINE_integer("max_sequences_per_pack", 3, "--pack_sequences: examples per row.")
     flags.mark_flags_as_required(["input_file", "output_file", "checkpoint"])
 
 
 def _run(fv: flags.FlagValues) -> None:
     n = extract(fv.checkpoint, fv.input_file, fv.output_file, parse_layers(fv.layers),
-                fv.max_seq_length, fv.batch_size, fv.vocab_file, fv.do_lower_case)  # fmt: skip
+                fv.max_seq_length, fv.batch_size, fv.vocab_file, fv.do_lower_case,
+                fv.pack_sequences, fv.max_sequences_per_pack)  # fmt: skip
     print(f"wrote features of {n} lines to {fv.output_file}")
 
 

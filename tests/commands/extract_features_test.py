@@ -33,19 +33,19 @@ LINES = [
 ]
 
 
-def _reference_tokens(tokenizer, line: str) -> tuple[list[str], list[int]]:
+def _reference_tokens(tokenizer, line: str, max_seq_length=MAX_SEQ_LENGTH):
     """Original extract_features.py's convert_examples_to_features over HF's word pieces."""
     parts = line.split(" ||| ") if " ||| " in line else [line]
     tokens_a = tokenizer.tokenize(parts[0])
     tokens_b = tokenizer.tokenize(parts[1]) if len(parts) > 1 else None
     if tokens_b is not None:
-        while len(tokens_a) + len(tokens_b) > MAX_SEQ_LENGTH - 3:
+        while len(tokens_a) + len(tokens_b) > max_seq_length - 3:
             if len(tokens_a) > len(tokens_b):
                 tokens_a.pop()
             else:
                 tokens_b.pop()
     else:
-        tokens_a = tokens_a[: MAX_SEQ_LENGTH - 2]
+        tokens_a = tokens_a[: max_seq_length - 2]
     tokens = ["[CLS]", *tokens_a, "[SEP]"]
     segments = [0] * len(tokens)
     if tokens_b is not None:
@@ -54,14 +54,14 @@ def _reference_tokens(tokenizer, line: str) -> tuple[list[str], list[int]]:
     return tokens, segments
 
 
-def _check_against_hf(output_file: pathlib.Path) -> float:
+def _check_against_hf(output_file: pathlib.Path, max_seq_length=MAX_SEQ_LENGTH) -> float:
     tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
     model = transformers.BertModel.from_pretrained(MINILM).eval()
     records = [json.loads(line) for line in output_file.read_text().splitlines()]
     assert [r["linex_index"] for r in records] == list(range(len(LINES)))
     worst = 0.0
     for line, record in zip(LINES, records, strict=True):
-        tokens, segments = _reference_tokens(tokenizer, line)
+        tokens, segments = _reference_tokens(tokenizer, line, max_seq_length)
         assert [f["token"] for f in record["features"]] == tokens
         ids = torch.tensor([tokenizer.convert_tokens_to_ids(tokens)])
         with torch.no_grad():
@@ -102,6 +102,42 @@ def test_bertjax_checkpoint_matches_hf(tmp_path):
                                  batch_size=4)  # fmt: skip
     assert n == len(LINES)
     assert _check_against_hf(tmp_path / "out.jsonl") <= 1e-4
+
+
+def test_packed_rows_write_what_unpacked_rows_write(tmp_path):
+    """--pack_sequences: several examples per row (checked: fewer rows than examples), each
+    attending only to itself with its own positions; the same lines as unpacked, every value
+    within float32 rounding of it (and of HF's BertModel on each example alone)."""
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(LINES * 3) + "\n", encoding="utf-8")
+    args = dict(checkpoint=str(MINILM), input_file=str(input_file), layers=LAYERS,
+                max_seq_length=64, batch_size=2)  # fmt: skip
+    extract_features.extract(output_file=str(tmp_path / "one.jsonl"), **args)
+    n = extract_features.extract(output_file=str(tmp_path / "packed.jsonl"), pack=True,
+                                 max_sequences_per_pack=3, **args)  # fmt: skip
+    assert n == 3 * len(LINES)
+    tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
+    tokens = [_reference_tokens(tokenizer, line, 64)[0] for line in LINES * 3]
+    features = [extract_features.Feature(i, t, [0] * len(t), [0] * len(t))
+                for i, t in enumerate(tokens)]  # fmt: skip
+    rows = extract_features._rows(features, 2, 64, 3)
+    assert len(rows) < len(features) and max(len(r) for r in rows) == 3
+    one, packed = (
+        [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]
+        for name in ("one.jsonl", "packed.jsonl")
+    )
+    worst = 0.0
+    for a, b in zip(one, packed, strict=True):
+        assert a["linex_index"] == b["linex_index"]
+        assert [f["token"] for f in a["features"]] == [f["token"] for f in b["features"]]
+        values = lambda r: np.array([[x["values"] for x in f["layers"]] for f in r["features"]])
+        worst = max(worst, float(np.abs(values(a) - values(b)).max()))
+    print(f"\npacked vs unpacked features: max abs diff {worst:.3g}")
+    assert worst <= 1e-5
+    (tmp_path / "packed_head.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in packed[: len(LINES)]) + "\n"
+    )
+    assert _check_against_hf(tmp_path / "packed_head.jsonl", 64) <= 1e-4
 
 
 @pytest.mark.parametrize("kwargs,expected", [
