@@ -47,7 +47,7 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         flags.DEFINE_bool,
         "pack_sequences",
         False,
-        "Write packed rows of up to --max_sequences_per_pack whole instances (bertjax.data.packing).",
+        "Write rows of up to --max_sequences_per_pack whole instances (bertjax.data.packing).",
     ),
     (flags.DEFINE_integer, "max_sequences_per_pack", 3, "K: instances per packed row at most."),
     (flags.DEFINE_integer, "shuffle_buffer", 20000, "Instances in each unit's shuffle buffer."),

@@ -62,6 +62,9 @@ def pack(
     rows: list[list[int]] = []
     free_tokens, free_predictions = [], []
     open_rows: list[tuple[int, int]] = []  # (free tokens, row), sorted: best fit = first fit
+    # A row that no instance could join leaves the open rows (the scan below never meets it).
+    least_length = int(lengths.min()) if len(lengths) else 0
+    least_predictions = int(predictions.min()) if len(predictions) else 0
     for i in np.argsort(-lengths, kind="stable").tolist():
         n, m = int(lengths[i]), int(predictions[i])
         start = bisect.bisect_left(open_rows, (n, -1))
@@ -77,7 +80,8 @@ def pack(
             rows[row].append(i)
             free_tokens[row] -= n
             free_predictions[row] -= m
-        if len(rows[row]) < k and free_tokens[row] > 0:
+        joinable = free_tokens[row] >= least_length and free_predictions[row] >= least_predictions
+        if len(rows[row]) < k and joinable:
             bisect.insort(open_rows, (free_tokens[row], row))
     packed = [sorted(row) for row in rows]
     return sorted(packed, key=lambda row: row[0])
@@ -138,9 +142,9 @@ def pack_features(
             out["positions"][r, start : start + n] = np.arange(n)
             out["sequence_ids"][r, start : start + n] = s + 1
             sel = predicted[i]
-            out["masked_lm_positions"][r, filled : filled + m] = features["masked_lm_positions"][
-                i, sel
-            ] + start
+            out["masked_lm_positions"][r, filled : filled + m] = (
+                features["masked_lm_positions"][i, sel] + start
+            )
             out["masked_lm_ids"][r, filled : filled + m] = features["masked_lm_ids"][i, sel]
             out["masked_lm_weights"][r, filled : filled + m] = 1.0
             out["next_sentence_positions"][r, s] = start

@@ -22,10 +22,12 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
 
 **The packed row** (``data.pack_sequences``; sequence packing without cross-contamination,
 Krell et al. 2021; today from TFRecords written by ``create_pretraining_data --pack_sequences``,
-detected from the records, ``bertjax.data.packing``): a row holds up to ``K`` = ``data.max_sequences_per_pack`` whole instances one
-after another, then padding. The features above keep their meaning over the row: ``input_ids``,
-``segment_ids`` (each instance's token types), ``input_mask`` (1 on every instance's tokens);
-``masked_lm_*`` hold all instances' predictions as row positions, increasing, then 0. It adds:
+detected from the records, ``bertjax.data.packing``): a row holds up to
+``K`` = ``data.max_sequences_per_pack`` whole instances one after another, then padding. The
+features above keep their meaning over the row: ``input_ids``, ``segment_ids`` (each instance's
+token types), ``input_mask`` (1 on every instance's tokens); ``masked_lm_*`` hold all instances'
+predictions as row positions, increasing, then 0, in the same ``P`` (the packer never puts more
+than ``P`` predictions in a row). It adds:
 
 * ``positions <int32>[B, L]``: position ids, restarting at 0 for each instance (0 on padding).
 * ``sequence_ids <int32>[B, L]``: 1..k for the row's k instances in order, 0 on padding.

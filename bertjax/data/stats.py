@@ -6,9 +6,9 @@ padding share, 1 - real tokens / token slots of the rows; beside it, after packi
 fewest possible rows would leave), mask
 rate (predictions / real tokens, [CLS]/[SEP] included as in the original's ``num_to_predict``) and
 its [MASK]/kept/random split, NSP balance, truncation rate (known for the online pipeline and at
-generation time; TFRecords do not record it), [UNK] rate and a histogram of row lengths (real tokens per row). A position counts
-as "kept" when its input id equals the label, so a random replacement that happens to draw the
-original id counts as kept.
+generation time; TFRecords do not record it), [UNK] rate and a histogram of row lengths (real
+tokens per row). A position counts as "kept" when its input id equals the label, so a random
+replacement that happens to draw the original id counts as kept.
 """
 
 from __future__ import annotations

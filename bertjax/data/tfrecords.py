@@ -160,9 +160,7 @@ def record_layout(data_config, split: str = "train") -> tuple[list[str], int | N
     except DecodeError:
         raise DataError(f"{path}: the first record is not a tf.train.Example") from None
     pack_size = _pack_size(features)
-    spec = feature_spec(
-        data_config.max_seq_length, data_config.max_predictions_per_seq, pack_size
-    )
+    spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq, pack_size)
     for name, feature in spec.items():
         if name not in features:
             raise DataError(f"{path}: no feature {name!r}; not a BERT pretraining TFRecord")
@@ -195,7 +193,9 @@ def pack_size_of(files: list[str]) -> int | None:
     import tensorflow as tf
 
     first = _first_record(files)[1]
-    return None if first is None else _pack_size(tf.train.Example.FromString(first).features.feature)
+    return (
+        None if first is None else _pack_size(tf.train.Example.FromString(first).features.feature)
+    )
 
 
 def parser(data_config, max_sequences_per_pack: int | None = None):
