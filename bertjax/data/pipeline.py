@@ -99,6 +99,8 @@ FEATURES = (
 )
 # What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
 STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
+# What a packed row adds (the docstring's packed row; next_sentence_labels is then [B, K]).
+PACKED_FEATURES = ("positions", "sequence_ids", "next_sentence_positions", "next_sentence_weights")
 HOST_SECONDS = "host_seconds"  # the batch's host work (module docstring); not a model input
 
 

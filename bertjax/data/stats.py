@@ -132,7 +132,7 @@ class Accumulator:
 
 def format_summary(s: dict) -> str:
     ideal = s["ideal_padding_fraction"]
-    ideal = "" if ideal is None else f"; packing's ideal {100 * ideal:.1f}%"
+    ideal = "" if ideal is None else f"; packing's ideal {100 * ideal:.2f}%"
     truncation = (
         "unknown (not stored in TFRecords)"
         if s["truncation_rate"] is None
