@@ -200,6 +200,7 @@ def test_packed_records_give_packed_batches_and_must_agree_with_the_config(tmp_p
             np.testing.assert_array_equal(batch[name], value, err_msg=name)
             assert batch[name].dtype == (np.float32 if value.dtype == np.float32 else np.int32)
         np.testing.assert_array_equal(batch["example_weight"], [1.0, 1.0])
+        assert set(pipeline.PACKED_FEATURES) <= set(batch)
     with pytest.raises(
         DataError,
         match="packed.tfrecord holds packed records of up to 3 instances: set"
