@@ -29,7 +29,8 @@ instances keep window order, so packing keeps the upstream shuffle.
 
 **Efficiency** = real tokens / token slots = ``tokens / (rows * L)`` (1 - the padding share). The
 **ideal** is the same with the fewest rows any packing could use,
-``max(ceil(tokens / L), ceil(instances / K), ceil(predictions / P))``.
+``max(ceil(tokens / L), ceil(instances / K), ceil(predictions / P), instances longer than L/2)``
+(a lower bound: the best packing may need more rows, never fewer).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def minimum_rows(
 ) -> int:
     """The fewest rows any packing of these instances could use (the module docstring's ideal)."""
     return max(
+        int(np.sum(np.asarray(lengths) > max_seq_length // 2)),  # two of these never share a row
         math.ceil(int(np.sum(lengths)) / max_seq_length),
         math.ceil(len(lengths) / max_sequences_per_pack),
         math.ceil(int(np.sum(predictions)) / max_predictions_per_seq),

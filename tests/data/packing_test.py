@@ -44,6 +44,9 @@ def test_known_histograms_pack_as_counted_by_hand():
     assert packing.minimum_rows([10] * 300, [1] * 300, 128, 3, 20) == 100
     assert len(packing.pack([10] * 300, [8] * 300, 128, 3, 20)) == 150
     assert packing.minimum_rows([10] * 300, [8] * 300, 128, 3, 20) == 120  # ceil(2400 / 20)
+    # Over half a row each: no two share one, whatever the token count says (ceil(650 / 128) = 6).
+    assert len(packing.pack([65] * 10, [1] * 10, 128, 3, 20)) == 10
+    assert packing.minimum_rows([65] * 10, [1] * 10, 128, 3, 20) == 10
 
 
 def test_efficiency_reaches_the_ideal_where_a_perfect_packing_exists():
