@@ -18,8 +18,9 @@ instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`
 decompressed from its start by each of its units (cheap for files of up to a few hundred MB;
 split larger ones). With ``--pack_sequences`` (``bertjax.data.packing``) each unit's masked
 instances, exactly the records the unpacked output would hold, are packed **per work unit** at
-its end (the unit is the packing window) and its packed rows take the records' place (row ``j``
-to shard ``(u + j) % num_shards``), so packed output is as independent of ``--num_workers`` as
+its end: the unit is the packing window (a worker holds its masked instances, about
+``4 * (3 L + 3 P + 1)`` bytes each), and its packed rows take the records' place (row ``j`` to
+shard ``(u + j) % num_shards``), so packed output is as independent of ``--num_workers`` as
 unpacked output. Shards are written atomically at the end (``bertjax.atomic``). Prints
 the ``bertjax.data.stats`` summary when done.
 """

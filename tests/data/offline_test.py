@@ -104,6 +104,8 @@ def test_bad_input_exits_non_zero_and_leaves_nothing(tmp_path, capsys):
     # A failure before any output is opened (missing vocab) is the same one line, no traceback.
     assert _run([f"--input_file={good}", f"--output_file={out}", "--vocab_file=nope.txt"]) == 1
     assert "vocab file nope.txt: not found" in capsys.readouterr().err
+    assert _run([*argv, "--pack_sequences", "--max_sequences_per_pack=0"]) == 1
+    assert "--max_sequences_per_pack=0: need >= 1" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == [bad, good]
 
 
