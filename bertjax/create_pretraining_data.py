@@ -8,7 +8,8 @@ Same flags as Google's ``create_pretraining_data.py`` (``--output_file`` may als
 of files, as there) plus ``--num_output_shards`` (``out.tfrecord-00003-of-00008``),
 ``--num_workers`` (default: every core) and ``--work_unit_bytes``, and the pairing options
 ``--nsp``, ``--random_doc_pool`` and ``--split_single_sentence`` (``bertjax.data.instances``; the
-defaults pair as the original does). How the records are made, in parallel with bounded memory
+defaults pair as the original does), and ``--pack_sequences`` with ``--max_sequences_per_pack``
+(packed rows: ``bertjax.data.packing``). How the records are made, in parallel with bounded memory
 and identical for any ``--num_workers``: ``bertjax.data.offline``.
 """
 
@@ -42,6 +43,13 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         False,
         "A one-sentence chunk may be IsNext, split in two (50/50 NSP); default: always NotNext.",
     ),
+    (
+        flags.DEFINE_bool,
+        "pack_sequences",
+        False,
+        "Write rows of up to --max_sequences_per_pack whole instances (bertjax.data.packing).",
+    ),
+    (flags.DEFINE_integer, "max_sequences_per_pack", 3, "K: instances per packed row at most."),
     (flags.DEFINE_integer, "shuffle_buffer", 20000, "Instances in each unit's shuffle buffer."),
     (flags.DEFINE_integer, "num_workers", os.cpu_count() or 1, "Processes (default: all cores)."),
     (
@@ -83,6 +91,8 @@ def data_config_from_flags(values):
             nsp=values.nsp,
             random_doc_pool=values.random_doc_pool,
             split_single_sentence=values.split_single_sentence,
+            pack_sequences=values.pack_sequences,
+            max_sequences_per_pack=values.max_sequences_per_pack,
             objective="mlm",
             masking="static",
         )
@@ -100,6 +110,8 @@ def run(values) -> int:
             os.makedirs(directory, exist_ok=True)
     if values.num_workers < 1 or values.work_unit_bytes < 1:
         raise ValueError("--num_workers and --work_unit_bytes must be >= 1")
+    if values.max_sequences_per_pack < 1:
+        raise ValueError(f"--max_sequences_per_pack={values.max_sequences_per_pack}: need >= 1")
     summary = offline.write_tfrecords(
         data_config,
         paths,

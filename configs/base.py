@@ -89,6 +89,12 @@ def get_config() -> ml_collections.ConfigDict:
     # A one-sentence chunk: False = always NotNext, as the original (IsNext 43.4% on the bundled
     # corpus at L=128); True = a coin flip, IsNext splitting the sentence in two (paper: 50/50).
     config.data.split_single_sentence = False
+    # Packed rows (the batch contract's "packed row"; bertjax.data.packing): up to
+    # max_sequences_per_pack (K) whole instances per row. source='tfrecord': the records decide
+    # (create_pretraining_data --pack_sequences writes them) and these two must agree with them.
+    # The online text/tfds path does not pack yet (issue 26, item 2; another change).
+    config.data.pack_sequences = False
+    config.data.max_sequences_per_pack = 3  # K; NVIDIA's MLPerf BERT packs up to 3 at 512
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 

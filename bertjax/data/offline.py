@@ -16,7 +16,12 @@ NotNext segments are drawn from up to ``--random_doc_pool`` documents around the
 *within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
 instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`` input is
 decompressed from its start by each of its units (cheap for files of up to a few hundred MB;
-split larger ones). Shards are written atomically at the end (``bertjax.atomic``). Prints
+split larger ones). With ``--pack_sequences`` (``bertjax.data.packing``) each unit's masked
+instances, exactly the records the unpacked output would hold, are packed **per work unit** at
+its end: the unit is the packing window (a worker holds its masked instances, about
+``4 * (3 L + 3 P + 1)`` bytes each), and its packed rows take the records' place (row ``j`` to
+shard ``(u + j) % num_shards``), so packed output is as independent of ``--num_workers`` as
+unpacked output. Shards are written atomically at the end (``bertjax.atomic``). Prints
 the ``bertjax.data.stats`` summary when done.
 """
 
@@ -33,7 +38,7 @@ import tempfile
 import numpy as np
 
 from bertjax import atomic
-from bertjax.data import instances, masking, sources, stats, tfrecords
+from bertjax.data import instances, masking, packing, sources, stats, tfrecords
 from bertjax.data.instances import DataError
 
 _BLOCK = 512  # instances masked and serialized together
@@ -134,23 +139,55 @@ def write_unit(unit: sources.WorkUnit) -> stats.Accumulator:
     blocks = instances.generate_instances(documents, unit_seed, _WORKER["options"], unit.describe())
     rows = shuffled(blocks, job.shuffle_buffer, random.Random(unit_seed))
     totals = stats.Accumulator(length, tokenizer)
-    writers, index = {}, 0
+    writers, index, held = {}, 0, []
+
+    def write(features):
+        for r, record in enumerate(tfrecords.serialize_rows(features)):
+            shard = (unit.index + index + r) % job.num_shards
+            if shard not in writers:
+                path = unit_shard_path(job.scratch_dir, unit.index, shard)
+                writers[shard] = tf.io.TFRecordWriter(path)
+            writers[shard].write(record)
+
     try:
         for block in _blocks_of(rows, _BLOCK):
             keys = masking.hash_keys(unit_seed, index + np.arange(len(block)))
             features = pipeline.rows_to_features(block, keys, data_config, _WORKER["spec"])
-            totals.add(features, original_ids=block[:, :length], truncated=block[:, length + 3])
-            for r, record in enumerate(tfrecords.serialize_rows(features)):
-                shard = (unit.index + index + r) % job.num_shards
-                if shard not in writers:
-                    path = unit_shard_path(job.scratch_dir, unit.index, shard)
-                    writers[shard] = tf.io.TFRecordWriter(path)
-                writers[shard].write(record)
+            if data_config.pack_sequences:  # the unit's masked instances, packed at its end
+                held.append((features, block[:, length + 3]))
+            else:
+                totals.add(features, original_ids=block[:, :length], truncated=block[:, length + 3])
+                write(features)
             index += len(block)
+        if held:
+            index = 0  # packed rows are numbered afresh for their shards
+            packed, truncated_per_row, ideal_rows = _pack_unit(held, data_config)
+            totals.add(packed, truncated=truncated_per_row)
+            totals.counts["ideal_rows"] += ideal_rows
+            write(packed)
     finally:
         for writer in writers.values():
             writer.close()
     return totals
+
+
+def _pack_unit(held, data_config) -> tuple[dict, np.ndarray, int]:
+    """A unit's masked instances (blocks of features with their truncation flags) -> its packed
+    rows (``bertjax.data.packing``), each row's count of truncated instances, and the fewest
+    rows any packing could use."""
+    features = {name: np.concatenate([f[name] for f, _ in held]) for name in held[0][0]}
+    truncated = np.concatenate([t for _, t in held])
+    lengths = features["input_mask"].sum(axis=1)
+    predictions = (features["masked_lm_weights"] > 0).sum(axis=1)
+    bounds = (
+        data_config.max_seq_length,
+        data_config.max_sequences_per_pack,
+        data_config.max_predictions_per_seq,
+    )
+    rows = packing.pack(lengths, predictions, *bounds)
+    packed = packing.pack_features(features, rows, data_config.max_sequences_per_pack)
+    truncated_per_row = np.array([int(truncated[row].sum()) for row in rows])
+    return packed, truncated_per_row, packing.minimum_rows(lengths, predictions, *bounds)
 
 
 @contextlib.contextmanager

@@ -21,10 +21,13 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
   the pipeline's own throughput from it (``bertjax.training.loop``, ``host_rate``).
 
 **The packed row** (``data.pack_sequences``; sequence packing without cross-contamination,
-Krell et al. 2021): a row holds up to ``K`` = ``data.max_sequences_per_pack`` whole instances one
-after another, then padding. The features above keep their meaning over the row: ``input_ids``,
-``segment_ids`` (each instance's token types), ``input_mask`` (1 on every instance's tokens);
-``masked_lm_*`` hold all instances' predictions as row positions, increasing, then 0. It adds:
+Krell et al. 2021; today from TFRecords written by ``create_pretraining_data --pack_sequences``,
+detected from the records, ``bertjax.data.packing``): a row holds up to
+``K`` = ``data.max_sequences_per_pack`` whole instances one after another, then padding. The
+features above keep their meaning over the row: ``input_ids``, ``segment_ids`` (each instance's
+token types), ``input_mask`` (1 on every instance's tokens); ``masked_lm_*`` hold all instances'
+predictions as row positions, increasing, then 0, in the same ``P`` (the packer never puts more
+than ``P`` predictions in a row). It adds:
 
 * ``positions <int32>[B, L]``: position ids, restarting at 0 for each instance (0 on padding).
 * ``sequence_ids <int32>[B, L]``: 1..k for the row's k instances in order, 0 on padding.
@@ -96,6 +99,8 @@ FEATURES = (
 )
 # What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
 STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
+# What a packed row adds (the docstring's packed row; next_sentence_labels is then [B, K]).
+PACKED_FEATURES = ("positions", "sequence_ids", "next_sentence_positions", "next_sentence_weights")
 HOST_SECONDS = "host_seconds"  # the batch's host work (module docstring); not a model input
 
 
@@ -123,6 +128,10 @@ def check_data_config(data_config, model_config=None) -> None:
         raise DataError(f"data.short_seq_prob={d.short_seq_prob}: expected in [0, 1]")
     if d.dupe_factor < 1:
         raise DataError(f"data.dupe_factor={d.dupe_factor}: need >= 1")
+    if not isinstance(d.pack_sequences, bool):
+        raise DataError(f"data.pack_sequences={d.pack_sequences!r}: expected True or False")
+    if d.max_sequences_per_pack < 1:
+        raise DataError(f"data.max_sequences_per_pack={d.max_sequences_per_pack}: need >= 1")
     if d.objective == "ltr":
         if d.nsp:
             raise DataError("data.objective='ltr' needs data.nsp=False (the paper's LTR & No NSP)")
@@ -136,7 +145,7 @@ def check_data_config(data_config, model_config=None) -> None:
         if d.eval_input_files:  # may stay empty when train.eval_every == 0
             sources.file_patterns(d.eval_input_files, "eval_input_files")
     if d.source == "tfrecord":
-        tfrecords.check_tfrecords(d, split="train")
+        _check_record_packing(d, *tfrecords.record_layout(d, split="train"))
     if model_config is not None:
         if d.max_seq_length > model_config.max_position_embeddings:
             raise DataError(
@@ -150,6 +159,21 @@ def check_data_config(data_config, model_config=None) -> None:
                     f"model.vocab_size={model_config.vocab_size} but data.vocab_file "
                     f"{d.vocab_file} has {tokenizer.vocab_size} entries"
                 )
+
+
+def _check_record_packing(d, files: list[str], pack_size: int | None) -> None:
+    """DataError unless ``data.pack_sequences``/``max_sequences_per_pack`` say what the records
+    are (packing is detected from the first record: ``tfrecords.record_layout``)."""
+    if pack_size is None and d.pack_sequences:
+        raise DataError(
+            f"data.pack_sequences=True but {files[0]} holds unpacked records; set it False or"
+            " write packed ones (create_pretraining_data --pack_sequences)"
+        )
+    if pack_size is not None and (not d.pack_sequences or pack_size != d.max_sequences_per_pack):
+        raise DataError(
+            f"{files[0]} holds packed records of up to {pack_size} instances: set"
+            f" data.pack_sequences=True and data.max_sequences_per_pack={pack_size}"
+        )
 
 
 def masking_spec(data_config, tokenizer) -> masking.MaskingSpec:

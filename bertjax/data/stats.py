@@ -1,11 +1,14 @@
 """What a user needs to trust a pretraining dataset, for TFRecords or the online pipeline.
 
-The command is ``python -m bertjax.data_stats``. Counts examples, tokens, padding fraction, mask
+The command is ``python -m bertjax.data_stats``. Counts examples (instances), rows and instances
+per row (1 unless the rows are packed: ``bertjax.data.packing``), tokens, padding fraction (the
+padding share, 1 - real tokens / token slots of the rows; beside it, after packing, the share the
+fewest possible rows would leave), mask
 rate (predictions / real tokens, [CLS]/[SEP] included as in the original's ``num_to_predict``) and
 its [MASK]/kept/random split, NSP balance, truncation rate (known for the online pipeline and at
-generation time; TFRecords do not record it), [UNK] rate and a length histogram. A position counts
-as "kept" when its input id equals the label, so a random replacement that happens to draw the
-original id counts as kept.
+generation time; TFRecords do not record it), [UNK] rate and a histogram of row lengths (real
+tokens per row). A position counts as "kept" when its input id equals the label, so a random
+replacement that happens to draw the original id counts as kept.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class Accumulator:
         self.mask_id, self.unk_id = tokenizer.mask_id, tokenizer.unk_id
         self.counts = dict(
             examples=0,
+            rows=0,
+            ideal_rows=0,  # the fewest rows a packing could use (bertjax.data.packing); 0: unknown
             tokens=0,
             predictions=0,
             masked=0,
@@ -38,8 +43,9 @@ class Accumulator:
         self.histogram = np.zeros(_NUM_BINS, dtype=np.int64)
 
     def add(self, batch: dict, original_ids=None, truncated=None) -> None:
-        """``batch``: the batch contract's features (``bertjax.data.pipeline``);
-        ``original_ids <int32>[B, L]``: the ids before masking."""
+        """``batch``: the batch contract's features (``bertjax.data.pipeline``), packed rows
+        (with ``sequence_ids``) or not; ``original_ids <int32>[B, L]``: the ids before masking;
+        ``truncated <int>[B]``: truncated instances per row."""
         rows = np.asarray(batch.get("example_weight", np.ones(len(batch["input_ids"])))) > 0
         ids = np.asarray(batch["input_ids"])[rows]
         input_mask = np.asarray(batch["input_mask"])[rows]
@@ -54,7 +60,13 @@ class Accumulator:
             original_ids = np.asarray(original_ids)[rows]
         at_positions = np.take_along_axis(ids, positions, axis=1)
         c = self.counts
-        c["examples"] += int(rows.sum())
+        labels_nsp = np.asarray(batch["next_sentence_labels"])[rows]
+        if "sequence_ids" in batch:  # packed: count instances by their NSP list weights
+            real_instances = np.asarray(batch["next_sentence_weights"])[rows] > 0
+        else:
+            real_instances = np.ones(labels_nsp.shape, dtype=bool)
+        c["examples"] += int(real_instances.sum())
+        c["rows"] += int(rows.sum())
         c["tokens"] += int(input_mask.sum())
         c["predictions"] += int(weights.sum())
         c["masked"] += int((weights & (at_positions == self.mask_id)).sum())
@@ -62,7 +74,7 @@ class Accumulator:
         c["randomised"] += int(
             (weights & (at_positions != labels) & (at_positions != self.mask_id)).sum()
         )
-        c["not_next"] += int(np.asarray(batch["next_sentence_labels"])[rows].sum())
+        c["not_next"] += int((labels_nsp * real_instances).sum())
         c["unk"] += int(((original_ids == self.unk_id) & (input_mask > 0)).sum())
         if truncated is None:
             c["truncation_known"] = False
@@ -84,15 +96,20 @@ class Accumulator:
 
     def summary(self) -> dict:
         c = dict(self.counts)
-        examples, tokens, predictions = (
+        examples, tokens, predictions, rows = (
             max(c["examples"], 1),
             max(c["tokens"], 1),
             max(c["predictions"], 1),
+            max(c["rows"], 1),
         )
+        ideal = c["ideal_rows"]
         return dict(
             examples=c["examples"],
+            rows=c["rows"],
+            instances_per_row=c["examples"] / rows,
             tokens=c["tokens"],
-            padding_fraction=1.0 - c["tokens"] / (examples * self.length),
+            padding_fraction=1.0 - c["tokens"] / (rows * self.length),
+            ideal_padding_fraction=1.0 - c["tokens"] / (ideal * self.length) if ideal else None,
             mask_rate=c["predictions"] / tokens,
             mask_split=(
                 c["masked"] / predictions,
@@ -114,6 +131,8 @@ class Accumulator:
 
 
 def format_summary(s: dict) -> str:
+    ideal = s["ideal_padding_fraction"]
+    ideal = "" if ideal is None else f"; packing's ideal {100 * ideal:.2f}%"
     truncation = (
         "unknown (not stored in TFRecords)"
         if s["truncation_rate"] is None
@@ -121,7 +140,8 @@ def format_summary(s: dict) -> str:
     )
     lines = [
         f"examples            {s['examples']}",
-        f"tokens              {s['tokens']}  (padding {100 * s['padding_fraction']:.1f}%)",
+        f"rows                {s['rows']}  ({s['instances_per_row']:.2f} instances per row)",
+        f"tokens              {s['tokens']}  (padding {100 * s['padding_fraction']:.1f}%{ideal})",
         f"mask rate           {100 * s['mask_rate']:.2f}% of real tokens",
         "mask split          [MASK] {:.1f}% / kept {:.1f}% / random {:.1f}%".format(
             *(100 * x for x in s["mask_split"])
@@ -144,7 +164,7 @@ def tfrecord_stats(files: list[str], data_config, tokenizer) -> dict:
 
     from bertjax.data import tfrecords
 
-    parse = tfrecords.parser(data_config)
+    parse = tfrecords.parser(data_config, tfrecords.pack_size_of(files))
     accumulator = Accumulator(data_config.max_seq_length, tokenizer)
     dataset = tf.data.TFRecordDataset(files).batch(1024).map(parse)
     try:

@@ -4,6 +4,15 @@ Each record is a ``tf.train.Example`` with the features of the original ``run_pr
 ``input_fn_builder``: ``input_ids``, ``input_mask``, ``segment_ids`` (int64 ``[L]``),
 ``masked_lm_positions``, ``masked_lm_ids`` (int64 ``[P]``), ``masked_lm_weights`` (float
 ``[P]``), ``next_sentence_labels`` (int64 ``[1]``; 0 = IsNext, 1 = NotNext). No JAX.
+
+A **packed** record (``create_pretraining_data --pack_sequences``; the packed row of
+``bertjax.data.pipeline``'s batch contract, ``bertjax.data.packing``) has those features with
+their meaning over the row, ``masked_lm_*`` holding every instance's predictions as row
+positions, ``next_sentence_labels`` with ``K`` values (int64 ``[K]``, one per instance, then 0),
+and adds ``positions``, ``sequence_ids`` (int64 ``[L]``), ``next_sentence_positions`` (int64
+``[K]``) and ``next_sentence_weights`` (float ``[K]``). Records are read as packed when the first
+one has ``sequence_ids``, with ``K`` the length of its ``next_sentence_labels``; a record without
+``sequence_ids`` (every record of Google's script, or ours unpacked) is one instance.
 """
 
 from __future__ import annotations
@@ -24,14 +33,32 @@ _LENGTH_KEYS = {
     "masked_lm_positions": "max_predictions_per_seq",
     "masked_lm_ids": "max_predictions_per_seq",
     "masked_lm_weights": "max_predictions_per_seq",
+    "positions": "max_seq_length",
+    "sequence_ids": "max_seq_length",
 }
 
 
-def feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    """The original ``name_to_features`` parse spec."""
+PACKED_INT_FEATURES = ("positions", "sequence_ids", "next_sentence_positions")
+
+
+def feature_spec(
+    max_seq_length: int, max_predictions_per_seq: int, max_sequences_per_pack: int | None = None
+) -> dict:
+    """The original ``name_to_features`` parse spec; with ``max_sequences_per_pack`` (``K``) the
+    packed record's (module docstring)."""
     import tensorflow as tf
 
     length, preds = max_seq_length, max_predictions_per_seq
+    if max_sequences_per_pack is not None:
+        k = max_sequences_per_pack
+        return {
+            **feature_spec(length, preds),
+            "positions": tf.io.FixedLenFeature([length], tf.int64),
+            "sequence_ids": tf.io.FixedLenFeature([length], tf.int64),
+            "next_sentence_positions": tf.io.FixedLenFeature([k], tf.int64),
+            "next_sentence_labels": tf.io.FixedLenFeature([k], tf.int64),
+            "next_sentence_weights": tf.io.FixedLenFeature([k], tf.float32),
+        }
     return {
         "input_ids": tf.io.FixedLenFeature([length], tf.int64),
         "input_mask": tf.io.FixedLenFeature([length], tf.int64),
@@ -87,18 +114,21 @@ def _map_entry(name: str, list_tag: bytes, payload: bytes) -> bytes:
 def serialize_rows(features: dict[str, np.ndarray]) -> list[bytes]:
     """Every row of a batch dict -> its serialized ``tf.train.Example``: the wire format written
     directly (map entries in key order, as protobuf's deterministic serialization writes them),
-    ~10x faster than building the protos. Int features must be non-negative."""
+    ~10x faster than building the protos. Int features must be non-negative. Packed rows (with
+    ``sequence_ids``) get the packed record's features (module docstring)."""
     rows = len(features["input_ids"])
+    packed = "sequence_ids" in features
+    int_names = (*INT_FEATURES, "next_sentence_labels", *(PACKED_INT_FEATURES if packed else ()))
+    float_names = ("masked_lm_weights", *(("next_sentence_weights",) if packed else ()))
     payloads = {
-        name: _packed_varints(np.asarray(features[name]).reshape(rows, -1))
-        for name in (*INT_FEATURES, "next_sentence_labels")
+        name: _packed_varints(np.asarray(features[name]).reshape(rows, -1)) for name in int_names
     }
-    weights = np.asarray(features["masked_lm_weights"], dtype="<f4")
-    payloads["masked_lm_weights"] = [row.tobytes() for row in weights]
+    for name in float_names:
+        payloads[name] = [row.tobytes() for row in np.asarray(features[name], dtype="<f4")]
     out = []
     for r in range(rows):
         body = b"".join(
-            _map_entry(name, b"\x12" if name == "masked_lm_weights" else b"\x1a", payloads[name][r])
+            _map_entry(name, b"\x12" if name in float_names else b"\x1a", payloads[name][r])
             for name in sorted(payloads)
         )
         out.append(b"\x0a" + _varint(len(body)) + body)
@@ -106,8 +136,15 @@ def serialize_rows(features: dict[str, np.ndarray]) -> list[bytes]:
 
 
 def check_tfrecords(data_config, split: str = "train") -> list[str]:
-    """Reads the first record; DataError naming its file unless it has every feature of
-    ``feature_spec`` with the type and length ``config.data`` implies."""
+    """The split's files; DataError naming the file unless its first record has every feature of
+    ``feature_spec`` with the type and length ``config.data`` implies (``record_layout``)."""
+    return record_layout(data_config, split)[0]
+
+
+def record_layout(data_config, split: str = "train") -> tuple[list[str], int | None]:
+    """Reads the first record: -> (the split's files, ``K`` when the records are packed else
+    None); DataError naming its file unless it has every feature of ``feature_spec`` with the
+    type and length ``config.data`` implies."""
     import tensorflow as tf
     from google.protobuf.message import DecodeError
 
@@ -122,7 +159,8 @@ def check_tfrecords(data_config, split: str = "train") -> list[str]:
         features = tf.train.Example.FromString(first).features.feature
     except DecodeError:
         raise DataError(f"{path}: the first record is not a tf.train.Example") from None
-    spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq)
+    pack_size = _pack_size(features)
+    spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq, pack_size)
     for name, feature in spec.items():
         if name not in features:
             raise DataError(f"{path}: no feature {name!r}; not a BERT pretraining TFRecord")
@@ -138,23 +176,46 @@ def check_tfrecords(data_config, split: str = "train") -> list[str]:
                 if key
                 else "not a BERT pretraining TFRecord"
             )
-            where = f"data.{key}={expected}" if key else f"the original format has {expected}"
+            where = f"data.{key}={expected}" if key else f"the record's layout has {expected}"
             raise DataError(f"{path}: {name} has {found} values but {where}; {fix}")
-    return files
+    return files, pack_size
 
 
-def parser(data_config):
+def _pack_size(features) -> int | None:
+    """A record's ``K`` if it is packed (it has ``sequence_ids``: the length of its NSP list)."""
+    if "sequence_ids" not in features:
+        return None
+    return len(features["next_sentence_labels"].int64_list.value)
+
+
+def pack_size_of(files: list[str]) -> int | None:
+    """``K`` of the records in ``files`` (read from the first), None when they are unpacked."""
     import tensorflow as tf
 
-    spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq)
+    first = _first_record(files)[1]
+    return (
+        None if first is None else _pack_size(tf.train.Example.FromString(first).features.feature)
+    )
+
+
+def parser(data_config, max_sequences_per_pack: int | None = None):
+    """-> ``parse(serialized <string>[B]) -> batch`` (the batch contract); packed records
+    (``max_sequences_per_pack`` = their ``K``, from ``record_layout``) give the packed row."""
+    import tensorflow as tf
+
+    packed = max_sequences_per_pack is not None
+    spec = feature_spec(
+        data_config.max_seq_length, data_config.max_predictions_per_seq, max_sequences_per_pack
+    )
 
     def parse(serialized):
         began = tf.timestamp()
         with tf.control_dependencies([began]):
             parsed = tf.io.parse_example(serialized, spec)
         batch = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
-        batch["next_sentence_labels"] = tf.reshape(batch["next_sentence_labels"], [-1])
-        batch["example_weight"] = tf.ones_like(batch["next_sentence_labels"], tf.float32)
+        if not packed:
+            batch["next_sentence_labels"] = tf.reshape(batch["next_sentence_labels"], [-1])
+        batch["example_weight"] = tf.ones_like(batch["input_ids"][:, 0], tf.float32)
         with tf.control_dependencies(list(batch.values())):
             # The batch contract's host work (bertjax.data.pipeline): here, parsing.
             batch["host_seconds"] = tf.cast(tf.timestamp() - began, tf.float32)
@@ -267,8 +328,8 @@ def tfrecord_dataset(
     """Per-host batches from TFRecords (see ``bertjax.data.pipeline``'s docstring)."""
     import tensorflow as tf
 
-    files = check_tfrecords(data_config, split)
-    parse = parser(data_config)
+    files, pack_size = record_layout(data_config, split)
+    parse = parser(data_config, pack_size)
     if split == "train":
         with _naming_files(data_config, split):  # host_records may count the records
             records = host_records(files, process_index, process_count, repeat=True)

@@ -1,5 +1,6 @@
 """The offline tool end to end; records parsed with the original run_pretraining.py spec."""
 
+import collections
 import gzip
 import itertools
 
@@ -12,6 +13,7 @@ from bertjax import cli, create_pretraining_data
 from bertjax.data import bundled
 
 LENGTH, PREDICTIONS = 64, 10
+PACKED_LENGTH, PACKED_PREDICTIONS = 128, 20  # room for short instances to share rows
 
 
 def _original_input_fn_features(max_seq_length, max_predictions_per_seq):
@@ -102,6 +104,8 @@ def test_bad_input_exits_non_zero_and_leaves_nothing(tmp_path, capsys):
     # A failure before any output is opened (missing vocab) is the same one line, no traceback.
     assert _run([f"--input_file={good}", f"--output_file={out}", "--vocab_file=nope.txt"]) == 1
     assert "vocab file nope.txt: not found" in capsys.readouterr().err
+    assert _run([*argv, "--pack_sequences", "--max_sequences_per_pack=0"]) == 1
+    assert "--max_sequences_per_pack=0: need >= 1" in capsys.readouterr().err
     assert sorted(tmp_path.iterdir()) == [bad, good]
 
 
@@ -109,8 +113,10 @@ def _shards(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, capsys):
+@pytest.mark.parametrize("packing", [[], ["--pack_sequences", "--short_seq_prob=0.5"]])
+def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, capsys, packing):
     common = [
+        *packing,
         f"--input_file={corpus}",
         "--num_output_shards=3",
         f"--vocab_file={bundled.VOCAB}",
@@ -126,8 +132,11 @@ def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, 
     assert list(one) == [f"train.tfrecord-0000{i}-of-00003" for i in range(3)]
     assert one == two  # byte for byte
     records = list(tf.data.TFRecordDataset([str(tmp_path / "w1" / name) for name in one]))
-    assert f"examples            {len(records)}" in capsys.readouterr().out
+    assert f"rows                {len(records)}  (" in capsys.readouterr().out
     assert len(set(r.numpy() for r in records)) == len(records)  # no unit written twice
+    if packing:  # packed indeed: some row holds several instances
+        parsed = [tf.io.parse_single_example(r, _packed_features(3)) for r in records]
+        assert max(int(p["next_sentence_weights"].numpy().sum()) for p in parsed) > 1
 
 
 def test_work_units_hold_exactly_the_corpus_documents(tmp_path):
@@ -155,3 +164,93 @@ def test_work_units_hold_exactly_the_corpus_documents(tmp_path):
             assert a.sentence_lengths.tolist() == b.sentence_lengths.tolist()
     assert len(sources.work_units(files, 5000)) > 3
     assert len(sources.work_units(files, 10**9)) == 1
+
+
+def _packed_features(k, length=LENGTH, predictions=PREDICTIONS):
+    # The packed record's layout, written here from the TFRecord module's docstring.
+    spec = _original_input_fn_features(length, predictions)
+    spec["positions"] = tf.io.FixedLenFeature([length], tf.int64)
+    spec["sequence_ids"] = tf.io.FixedLenFeature([length], tf.int64)
+    spec["next_sentence_positions"] = tf.io.FixedLenFeature([k], tf.int64)
+    spec["next_sentence_labels"] = tf.io.FixedLenFeature([k], tf.int64)
+    spec["next_sentence_weights"] = tf.io.FixedLenFeature([k], tf.float32)
+    return spec
+
+
+def _parsed(folder, spec):
+    files = [str(p) for p in sorted(folder.iterdir())]
+    return [
+        {k: v.numpy() for k, v in tf.io.parse_single_example(r, spec).items()}
+        for r in tf.data.TFRecordDataset(files)
+    ]
+
+
+def _key(instance):
+    return tuple(tuple(np.asarray(instance[k]).ravel().tolist()) for k in sorted(instance))
+
+
+def _unpack(row, k, length, predictions):
+    """One packed record -> its instances as unpacked records, checking each on the way."""
+    ids = row["sequence_ids"]
+    count = int(ids.max())
+    assert count <= k and np.array_equal(row["input_mask"], (ids > 0).astype(int))
+    assert np.all(np.diff(ids[ids > 0]) >= 0) and np.all(ids[int((ids > 0).sum()) :] == 0)
+    for name in ("input_ids", "segment_ids", "positions"):
+        assert np.all(row[name][ids == 0] == 0), name  # padding is zero
+    weights = row["masked_lm_weights"] > 0
+    predicted = row["masked_lm_positions"][weights]
+    assert np.all(np.diff(predicted) > 0) and np.all(ids[predicted] > 0)
+    assert np.array_equal(row["next_sentence_weights"], (np.arange(k) < count).astype(float))
+    assert np.all(row["next_sentence_labels"][count:] == 0)
+    out = []
+    for s in range(1, count + 1):
+        span = np.flatnonzero(ids == s)
+        start, n = int(span[0]), len(span)
+        assert np.array_equal(span, start + np.arange(n))  # contiguous
+        assert np.array_equal(row["positions"][span], np.arange(n))  # positions restart
+        assert row["next_sentence_positions"][s - 1] == start  # its own [CLS]
+        assert row["input_ids"][start] == 2 and row["input_ids"][start + n - 1] == 3
+        mine = (ids[row["masked_lm_positions"]] == s) & weights  # no prediction crosses
+        m = int(mine.sum())
+        instance = {
+            "input_ids": np.pad(row["input_ids"][span], (0, length - n)),
+            "input_mask": np.pad(np.ones(n, int), (0, length - n)),
+            "segment_ids": np.pad(row["segment_ids"][span], (0, length - n)),
+            "masked_lm_positions": np.pad(
+                row["masked_lm_positions"][mine] - start, (0, predictions - m)
+            ),
+            "masked_lm_ids": np.pad(row["masked_lm_ids"][mine], (0, predictions - m)),
+            "masked_lm_weights": np.pad(np.ones(m, np.float32), (0, predictions - m)),
+            "next_sentence_labels": row["next_sentence_labels"][s - 1 : s],
+        }
+        out.append(instance)
+    return out
+
+
+@pytest.fixture(scope="module")
+def packed_and_unpacked(corpus, tmp_path_factory):
+    common = [
+        f"--input_file={corpus}",
+        "--num_output_shards=2",
+        f"--vocab_file={bundled.VOCAB}",
+        f"--max_seq_length={PACKED_LENGTH}",  # room for short instances to pair
+        f"--max_predictions_per_seq={PACKED_PREDICTIONS}",
+        "--dupe_factor=2",
+        "--short_seq_prob=0.5",  # many short instances: rows of 2 and 3
+        "--work_unit_bytes=8000",
+        "--num_workers=1",
+    ]
+    folder = tmp_path_factory.mktemp("packing")
+    for name, extra in (("unpacked", []), ("packed", ["--pack_sequences"])):
+        assert _run([*common, *extra, f"--output_file={folder / name / 'train.tfrecord'}"]) == 0
+    return folder / "packed", folder / "unpacked"
+
+
+def test_packed_rows_hold_exactly_the_unpacked_instances(packed_and_unpacked):
+    packed, unpacked = packed_and_unpacked
+    rows = _parsed(packed, _packed_features(3, PACKED_LENGTH, PACKED_PREDICTIONS))
+    instances = [i for row in rows for i in _unpack(row, 3, PACKED_LENGTH, PACKED_PREDICTIONS)]
+    expected = _parsed(unpacked, _original_input_fn_features(PACKED_LENGTH, PACKED_PREDICTIONS))
+    assert collections.Counter(map(_key, instances)) == collections.Counter(map(_key, expected))
+    counts = collections.Counter(int(row["sequence_ids"].max()) for row in rows)
+    assert set(counts) == {1, 2, 3} and len(rows) < 0.9 * len(expected)  # packing saved rows

@@ -106,3 +106,60 @@ def test_online_pipeline_stats(tmp_path):
     assert 0.13 < summary["mask_rate"] < 0.17
     assert 0.0 <= summary["truncation_rate"] <= 1.0
     assert "length histogram" in stats.format_summary(summary)
+
+
+def test_accumulator_counts_instances_and_rows_of_packed_batches():
+    batch = {
+        # row 0: two instances [CLS] 9 [SEP] | [CLS] [MASK] [SEP], no padding; row 1: one
+        # instance of 3 tokens, 3 padding slots; NotNext only for row 0's second instance.
+        "input_ids": np.array([[2, 9, 3, 2, 4, 3], [2, 8, 3, 0, 0, 0]]),
+        "input_mask": np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]),
+        "sequence_ids": np.array([[1, 1, 1, 2, 2, 2], [1, 1, 1, 0, 0, 0]]),
+        "masked_lm_positions": np.array([[4, 0], [1, 0]]),
+        "masked_lm_ids": np.array([[7, 0], [8, 0]]),
+        "masked_lm_weights": np.array([[1.0, 0.0], [1.0, 0.0]]),
+        "next_sentence_labels": np.array([[0, 1, 1], [0, 1, 0]]),  # list padding set on purpose
+        "next_sentence_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
+    }
+    acc = stats.Accumulator(6, _Ids())
+    acc.add(batch, truncated=np.array([1, 0]))
+    s = acc.summary()
+    assert s["examples"] == 3 and s["rows"] == 2 and s["instances_per_row"] == 1.5
+    assert s["tokens"] == 9 and s["padding_fraction"] == pytest.approx(3 / 12)
+    assert s["not_next_fraction"] == pytest.approx(1 / 3)
+    assert s["truncation_rate"] == pytest.approx(1 / 3)
+    assert s["mask_split"] == pytest.approx((0.5, 0.5, 0.0))
+    assert "rows                2  (1.50 instances per row)" in stats.format_summary(s)
+
+
+def test_cli_on_packed_tfrecords_reports_instances_per_row(tmp_path, capsys):
+    corpus = tmp_path / "c.txt.gz"
+    with gzip.open(bundled.TRAIN_CORPUS, "rt") as f, gzip.open(corpus, "wt") as out:
+        out.write("".join(itertools.islice(f, 400)))
+    records = tmp_path / "r.tfrecord"
+    values = flags.FlagValues()
+    create_pretraining_data.define_flags(values)
+    common = [f"--vocab_file={bundled.VOCAB}", "--max_seq_length=128"]
+    values(
+        ["x", f"--input_file={corpus}", f"--output_file={records}", *common]
+        + ["--short_seq_prob=0.5", "--dupe_factor=1", "--num_workers=1", "--pack_sequences"]
+    )
+    assert create_pretraining_data.run(values) == 0
+    written = capsys.readouterr().out
+    values = flags.FlagValues()
+    data_stats.define_flags(values)
+    values(["x", f"--input_file={records}", *common])
+    assert data_stats.run(values) == 0
+    printed = capsys.readouterr().out
+    spec = tfrecords.feature_spec(128, 20, 3)
+    parsed = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(records))]
+    instances = sum(int(p["next_sentence_weights"].numpy().sum()) for p in parsed)
+    tokens = sum(int(p["input_mask"].numpy().sum()) for p in parsed)
+    assert instances > len(parsed)  # some rows hold several instances
+    expected = (
+        f"rows                {len(parsed)}  ({instances / len(parsed):.2f} instances per row)"
+    )
+    assert expected in printed and expected in written
+    padding = 100 * (1 - tokens / (128 * len(parsed)))
+    assert f"tokens              {tokens}  (padding {padding:.1f}%)" in printed
+    assert f"examples            {instances}\n" in printed

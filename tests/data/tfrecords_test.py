@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bertjax.data import tfrecords
+from bertjax.data import pipeline, tfrecords
 from bertjax.data.instances import DataError
+from configs import base
 
 LENGTH, PREDICTIONS, BATCH = 8, 2, 2
 
@@ -21,7 +22,14 @@ def tf_example(features: dict[str, np.ndarray], row: int) -> bytes:
     feature["masked_lm_weights"] = tf.train.Feature(
         float_list=tf.train.FloatList(value=features["masked_lm_weights"][row].tolist())
     )
-    feature["next_sentence_labels"] = ints([int(features["next_sentence_labels"][row])])
+    labels = np.asarray(features["next_sentence_labels"][row]).reshape(-1)
+    feature["next_sentence_labels"] = ints(labels.tolist())
+    if "sequence_ids" in features:  # a packed row (the module docstring's packed record)
+        for name in ("positions", "sequence_ids", "next_sentence_positions"):
+            feature[name] = ints(features[name][row].tolist())
+        feature["next_sentence_weights"] = tf.train.Feature(
+            float_list=tf.train.FloatList(value=features["next_sentence_weights"][row].tolist())
+        )
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     return example.SerializeToString(deterministic=True)  # map keys sorted: same bytes every run
 
@@ -139,3 +147,75 @@ def test_fast_serializer_writes_protobufs_bytes():
     features["masked_lm_ids"][1] = 0
     expected = [tf_example(features, r) for r in range(rows)]
     assert tfrecords.serialize_rows(features) == expected
+
+
+def _packed_rows():
+    """Two packed rows at L = 8, P = 2, K = 3: [CLS] 9 [SEP] | [CLS] 7 [SEP] 5 [SEP], and one."""
+    return {
+        "input_ids": np.array([[2, 9, 3, 2, 7, 3, 5, 3], [2, 6, 3, 0, 0, 0, 0, 0]]),
+        "input_mask": np.array([[1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]]),
+        "segment_ids": np.array([[0, 0, 0, 0, 0, 0, 1, 1], [0] * 8]),
+        "positions": np.array([[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 0, 0, 0, 0, 0]]),
+        "sequence_ids": np.array([[1, 1, 1, 2, 2, 2, 2, 2], [1, 1, 1, 0, 0, 0, 0, 0]]),
+        "masked_lm_positions": np.array([[1, 4], [1, 0]]),
+        "masked_lm_ids": np.array([[9, 7], [6, 0]]),
+        "masked_lm_weights": np.array([[1.0, 1.0], [1.0, 0.0]], np.float32),
+        "next_sentence_positions": np.array([[0, 3, 0], [0, 0, 0]]),
+        "next_sentence_labels": np.array([[1, 0, 0], [1, 0, 0]]),
+        "next_sentence_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], np.float32),
+    }
+
+
+def test_fast_serializer_writes_protobufs_bytes_for_packed_rows():
+    rows = _packed_rows()
+    assert tfrecords.serialize_rows(rows) == [tf_example(rows, r) for r in range(2)]
+
+
+def _pipeline_config(path, **overrides):
+    config = base.get_config().data
+    config.update(
+        source="tfrecord",
+        input_files=[path],
+        eval_input_files=[path],
+        max_seq_length=LENGTH,
+        max_predictions_per_seq=PREDICTIONS,
+        shuffle_buffer=1,
+        **overrides,
+    )
+    return config
+
+
+def test_packed_records_give_packed_batches_and_must_agree_with_the_config(tmp_path):
+    rows, path = _packed_rows(), str(tmp_path / "packed.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for r in range(2):
+            writer.write(tf_example(rows, r))
+    config = _pipeline_config(path, pack_sequences=True, max_sequences_per_pack=3)
+    for split in ("train", "eval"):
+        dataset = pipeline.create_pretrain_dataset(
+            config, batch_size=2, seed=0, process_index=0, process_count=1, split=split
+        )
+        batch = next(pipeline.numpy_batches(dataset, config, split))
+        for name, value in rows.items():
+            np.testing.assert_array_equal(batch[name], value, err_msg=name)
+            assert batch[name].dtype == (np.float32 if value.dtype == np.float32 else np.int32)
+        np.testing.assert_array_equal(batch["example_weight"], [1.0, 1.0])
+        assert set(pipeline.PACKED_FEATURES) <= set(batch)
+    with pytest.raises(
+        DataError,
+        match="packed.tfrecord holds packed records of up to 3 instances: set"
+        " data.pack_sequences=True and data.max_sequences_per_pack=3",
+    ):
+        pipeline.check_data_config(_pipeline_config(path))
+    with pytest.raises(DataError, match="data.max_sequences_per_pack=3$"):
+        pipeline.check_data_config(
+            _pipeline_config(path, pack_sequences=True, max_sequences_per_pack=4)
+        )
+    with pytest.raises(DataError, match="data.max_sequences_per_pack=0: need >= 1"):
+        pipeline.check_data_config(_pipeline_config(path, max_sequences_per_pack=0))
+    unpacked, _ = _write(tmp_path, [2])
+    with pytest.raises(
+        DataError, match="data.pack_sequences=True but .*part-0.tfrecord holds unpacked"
+    ):
+        pipeline.check_data_config(_pipeline_config(unpacked[0], pack_sequences=True))
+    pipeline.check_data_config(_pipeline_config(unpacked[0]))  # unpacked, as today
