@@ -132,6 +132,14 @@ def _choose(starts, unit_length, num_to_predict, order_keys) -> np.ndarray:
     return chosen & starts
 
 
+def max_predictions(num_tokens: np.ndarray, spec: MaskingSpec) -> np.ndarray:
+    """``<int64>[R]``: the most predictions :func:`mask_batch` makes in rows of ``num_tokens``
+    real tokens (exactly its ``num_to_predict``; whole-word masking may choose fewer)."""
+    # np.round is round-half-to-even, exactly like the original's Python 3 round().
+    counts = np.maximum(1, np.round(np.asarray(num_tokens) * spec.masked_lm_prob).astype(np.int64))
+    return np.minimum(spec.max_predictions_per_seq, counts)
+
+
 def mask_batch(
     input_ids: np.ndarray, input_mask: np.ndarray, row_keys: np.ndarray, spec: MaskingSpec
 ) -> dict[str, np.ndarray]:
@@ -152,12 +160,7 @@ def mask_batch(
     flat_unit = (np.arange(rows)[:, None] * (length + 1) + unit_of).ravel()
     unit_sizes = np.bincount(flat_unit, minlength=rows * (length + 1)).reshape(rows, length + 1)
     unit_length = np.take_along_axis(unit_sizes, np.where(starts, unit_of, length), axis=1)
-    num_tokens = real.sum(axis=1)
-    # np.round is round-half-to-even, exactly like the original's Python 3 round().
-    num_to_predict = np.minimum(
-        spec.max_predictions_per_seq,
-        np.maximum(1, np.round(num_tokens * spec.masked_lm_prob).astype(np.int64)),
-    )
+    num_to_predict = max_predictions(real.sum(axis=1), spec)
     decisions = random_bits(row_keys, length, STREAM_DECISIONS)
     order_keys = (decisions & np.uint64(0xFFFFFFFF)).astype(np.int64)  # ties: lowest position
     chosen_starts = _choose(starts, unit_length, num_to_predict, order_keys)

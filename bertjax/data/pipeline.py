@@ -84,7 +84,7 @@ import time
 
 import numpy as np
 
-from bertjax.data import instances, masking, sources, tfrecords
+from bertjax.data import instances, masking, packing, sources, tfrecords
 from bertjax.data.instances import DataError
 
 FEATURES = (
@@ -226,11 +226,56 @@ def feistel_permutation(index: np.ndarray, size: int, key: int) -> np.ndarray:
 
 
 _PERMUTE_BATCHES = 16
+PACK_WINDOW = 10_000  # instances the online pipeline packs together (``pack_table``)
+COUNTED_RECORDS = 10_000  # packed TFRecords counted for ``instances_per_row``
 
 
-def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, process_count, train):
-    """-> ``f(k) -> dict``: host ``process_index``'s share of global batch ``k`` (numpy)."""
-    size = table.num_rows
+def pack_table(table, data_config, spec) -> np.ndarray:
+    """The online pipeline's packed rows: ``<int64>[R, K]`` instance-table rows per packed row,
+    -1 after its last instance. ``bertjax.data.packing`` over consecutive windows of
+    ``PACK_WINDOW`` instances in table order (the bound on one packing's work), each instance
+    counted with the most predictions masking can give it: a pure function of the table and
+    ``data``, the same on every host."""
+    length, k = int(data_config.max_seq_length), int(data_config.max_sequences_per_pack)
+    lengths = table.num_tokens()
+    if data_config.objective == "ltr":
+        predictions = lengths - 1  # each real token but the last predicts the next
+    else:
+        predictions = masking.max_predictions(lengths, spec)
+    preds = num_predictions(data_config)
+    out = []
+    for start in range(0, len(lengths), PACK_WINDOW):
+        window = slice(start, start + PACK_WINDOW)
+        for row in packing.pack(lengths[window], predictions[window], length, k, preds):
+            out.append([start + i for i in row] + [-1] * (k - len(row)))
+    return np.asarray(out, np.int64).reshape(-1, k)
+
+
+def instances_per_row(data_config, seed: int) -> float:
+    """The train data's mean instances per row: 1 unpacked; packed, those of the online
+    pipeline's packed rows (exact), or of the first ``COUNTED_RECORDS`` packed records."""
+    if not data_config.pack_sequences:
+        return 1.0
+    if data_config.source == "tfrecord":
+        import tensorflow as tf  # noqa: PLC0415
+
+        files, pack_size = tfrecords.record_layout(data_config, split="train")
+        parse = tfrecords.parser(data_config, pack_size)
+        records = tf.data.TFRecordDataset(files).take(COUNTED_RECORDS).batch(1024).map(parse)
+        counts = [b["next_sentence_weights"].sum(axis=1) for b in records.as_numpy_iterator()]
+        return float(np.concatenate(counts).mean())
+    tokenizer = sources.create_tokenizer(data_config)
+    table = sources.open_or_build(data_config, tokenizer, "train", seed)
+    packs = pack_table(table, data_config, masking_spec(data_config, tokenizer))
+    return table.num_rows / max(len(packs), 1)
+
+
+def _batch_fn(
+    table, data_config, spec, *, batch_size, seed, process_index, process_count, train, packs
+):
+    """-> ``f(k) -> dict``: host ``process_index``'s share of global batch ``k`` (numpy). The
+    stream's units are the table's rows, or with ``packs`` (``pack_table``) its packed rows."""
+    size = table.num_rows if packs is None else len(packs)
     static = data_config.masking == "static"
 
     def positions_of(k):
@@ -263,20 +308,40 @@ def _batch_fn(table, data_config, spec, *, batch_size, seed, process_index, proc
         else:
             valid = positions < size
             rows = np.where(valid, positions, 0)
-        keys = masking.hash_keys(seed, rows if static or not train else positions)
-        features = rows_to_features(table.read(rows), keys, data_config, spec)
+        if packs is None:
+            keys = masking.hash_keys(seed, rows if static or not train else positions)
+            features = rows_to_features(table.read(rows), keys, data_config, spec)
+        else:  # rows are packed rows: mask their instances, then pack them (the contract)
+            members = packs[rows]  # [B, K]
+            real = members >= 0
+            slots = positions[:, None] * packs.shape[1] + np.arange(packs.shape[1])
+            instance_rows = members[real]
+            keys = masking.hash_keys(seed, instance_rows if static or not train else slots[real])
+            unpacked = rows_to_features(table.read(instance_rows), keys, data_config, spec)
+            first = np.concatenate([[0], np.cumsum(real.sum(axis=1))])
+            groups = [list(range(first[b], first[b + 1])) for b in range(batch_size)]
+            features = packing.pack_features(unpacked, groups, packs.shape[1])
+            features["next_sentence_weights"] *= valid[:, None]
         features["masked_lm_weights"] *= valid[:, None]
         features["example_weight"] = valid.astype(np.float32)
         features[HOST_SECONDS] = np.float32(time.thread_time() - began)
-        return tuple(features[name] for name in (*FEATURES, HOST_SECONDS))
+        return tuple(features[name] for name in output_names(data_config))
 
     return make
+
+
+def output_names(data_config) -> tuple[str, ...]:
+    """The online pipeline's batch features, in order: ``FEATURES`` (+ ``PACKED_FEATURES`` when
+    ``data.pack_sequences``) and ``HOST_SECONDS``."""
+    packed = PACKED_FEATURES if data_config.pack_sequences else ()
+    return (*FEATURES, *packed, HOST_SECONDS)
 
 
 def _output_signature(batch_size, data_config):
     import tensorflow as tf
 
     length, preds = data_config.max_seq_length, num_predictions(data_config)
+    k = int(data_config.max_sequences_per_pack)
     shapes = {
         "input_ids": [batch_size, length],
         "segment_ids": [batch_size, length],
@@ -288,8 +353,17 @@ def _output_signature(batch_size, data_config):
         "example_weight": [batch_size],
         HOST_SECONDS: [],
     }
-    dtypes = {name: tf.int32 for name in FEATURES}
-    dtypes["masked_lm_weights"] = dtypes["example_weight"] = dtypes[HOST_SECONDS] = tf.float32
+    if data_config.pack_sequences:
+        shapes.update(
+            positions=[batch_size, length],
+            sequence_ids=[batch_size, length],
+            next_sentence_positions=[batch_size, k],
+            next_sentence_labels=[batch_size, k],
+            next_sentence_weights=[batch_size, k],
+        )
+    dtypes = {name: tf.int32 for name in shapes}
+    for name in ("masked_lm_weights", "example_weight", "next_sentence_weights", HOST_SECONDS):
+        dtypes[name] = tf.float32
     return shapes, dtypes
 
 
@@ -339,6 +413,7 @@ def create_pretrain_dataset(
     tokenizer = sources.create_tokenizer(data_config)
     table = sources.open_or_build(data_config, tokenizer, split, seed)
     spec = masking_spec(data_config, tokenizer)
+    packs = pack_table(table, data_config, spec) if data_config.pack_sequences else None
     make = _batch_fn(
         table,
         data_config,
@@ -348,13 +423,14 @@ def create_pretrain_dataset(
         process_index=process_index,
         process_count=process_count,
         train=split == "train",
+        packs=packs,
     )
     stop = np.iinfo(np.int64).max
     if split == "eval":
-        stop = num_eval_batches(table.num_rows, batch_size, process_count)
+        units = table.num_rows if packs is None else len(packs)
+        stop = num_eval_batches(units, batch_size, process_count)
     shapes, dtypes = _output_signature(batch_size, data_config)
-
-    names = (*FEATURES, HOST_SECONDS)
+    names = output_names(data_config)
 
     def to_batch(k):
         outputs = tf.numpy_function(make, [k], [dtypes[name] for name in names], stateful=False)

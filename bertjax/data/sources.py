@@ -143,6 +143,14 @@ class InstanceTable:
     num_rows: int
     meta: dict
 
+    def num_tokens(self) -> np.ndarray:
+        """``<int64>[num_rows]``: every instance's length (its [CLS] A [SEP] B [SEP] tokens)."""
+        if not self.num_rows:
+            return np.zeros(0, np.int64)
+        rows = np.memmap(self.path, np.int32, "r", shape=(self.num_rows, self.row_length))
+        length = self.row_length - instances.NUM_META
+        return np.asarray(rows[:, length + instances.META_NUM_TOKENS], np.int64)
+
     def read(self, rows: np.ndarray) -> np.ndarray:
         """``<int64>[R]`` row indices -> ``<int32>[R, L + 4]``."""
         nbytes = self.row_length * 4

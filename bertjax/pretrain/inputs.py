@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 import jax
 import numpy as np
@@ -25,6 +26,39 @@ from bertjax.pretrain.objective import BATCH_KEYS
 from bertjax.training import sharding as sh
 
 # ---------------------------------------------------------------- checks before compiling
+
+
+def resolve_packed_batch(config, mesh: Mesh, process_count: int):
+    """With ``data.pack_sequences`` the batch sizes count **instances**, the paper's batch
+    (256 sequences): ``train.global_batch_size`` and ``train.eval_batch_size`` become the rows
+    that hold that many on average, ``instances / the data's mean instances per row``
+    (``bertjax.data.pipeline.instances_per_row``: exact for the online pipeline, counted for
+    packed TFRecords), rounded to a multiple of the data shards x micro-batches and of the
+    processes (at least one). The learning-rate schedule counts steps, so it is unchanged in
+    instances too. Returns ``config`` (unpacked or synthetic) or a resolved copy; prints the
+    rows once."""
+    if not config.data.get("pack_sequences", False):
+        return config
+    if config.train.synthetic_data:
+        raise ValueError("config.data.pack_sequences needs real data, not train.synthetic_data")
+    from bertjax.data import pipeline  # noqa: PLC0415
+
+    pipeline.check_data_config(config.data)
+    per_row = pipeline.instances_per_row(config.data, int(config.seed))
+    shards = sh.num_batch_shards(mesh) * int(config.train.grad_accum_steps)
+    multiple = shards * process_count // math.gcd(shards, process_count)
+    resolved = config.copy_and_resolve_references()
+    for field in ("global_batch_size", "eval_batch_size"):
+        instances = int(config.train[field])
+        rows = max(multiple, round(instances / per_row / multiple) * multiple)
+        resolved.train[field] = rows
+        if jax.process_index() == 0 and field == "global_batch_size":
+            print(
+                f"packing: {per_row:.3f} instances per row on average: "
+                f"train.global_batch_size={instances} instances -> {rows} rows per step",
+                flush=True,
+            )
+    return resolved
 
 
 def check_config(config, bert_config: BertConfig, mesh: Mesh, process_count: int) -> None:

@@ -88,6 +88,7 @@ def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | N
     config, continued = continued_lib.resolve(config, command_line or {})
     bert_config = objective_lib.bert_config_from(config)
     mesh = sh.create_mesh(config.mesh.shape)
+    config = inputs.resolve_packed_batch(config, mesh, jax.process_count())
     inputs.check_config(config, bert_config, mesh, jax.process_count())
     inputs.check_data(config, bert_config)
     steps = objective_lib.build_steps(config, mesh)

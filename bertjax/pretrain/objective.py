@@ -32,7 +32,7 @@ from bertjax.training.step import StepConfig
 # The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
 BATCH_KEYS = pipeline.STEP_FEATURES
 # What a packed row adds (the packed-row contract; next_sentence_labels becomes [B, K]).
-PACKED_KEYS = ("positions", "sequence_ids", "next_sentence_positions", "next_sentence_weights")
+PACKED_KEYS = pipeline.PACKED_FEATURES
 
 
 def pack_width(config) -> int:
