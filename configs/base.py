@@ -90,9 +90,12 @@ def get_config() -> ml_collections.ConfigDict:
     # corpus at L=128); True = a coin flip, IsNext splitting the sentence in two (paper: 50/50).
     config.data.split_single_sentence = False
     # Packed rows (the batch contract's "packed row"; bertjax.data.packing): up to
-    # max_sequences_per_pack (K) whole instances per row. source='tfrecord': the records decide
-    # (create_pretraining_data --pack_sequences writes them) and these two must agree with them.
-    # The online text/tfds path does not pack yet (issue 26, item 2; another change).
+    # max_sequences_per_pack (K) whole instances per row, none spent on padding. The online
+    # text/tfds pipeline packs its instance table (pipeline.pack_table); source='tfrecord': the
+    # records decide (create_pretraining_data --pack_sequences writes them) and these two must
+    # agree with them. With packing, train.global_batch_size and eval_batch_size count
+    # instances (the paper's 256) and the run derives the rows per step from the data's mean
+    # instances per row (pretrain.inputs.resolve_packed_batch; printed at start).
     config.data.pack_sequences = False
     config.data.max_sequences_per_pack = 3  # K; NVIDIA's MLPerf BERT packs up to 3 at 512
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer

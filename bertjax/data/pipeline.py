@@ -21,8 +21,8 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
   the pipeline's own throughput from it (``bertjax.training.loop``, ``host_rate``).
 
 **The packed row** (``data.pack_sequences``; sequence packing without cross-contamination,
-Krell et al. 2021; today from TFRecords written by ``create_pretraining_data --pack_sequences``,
-detected from the records, ``bertjax.data.packing``): a row holds up to
+Krell et al. 2021; ``bertjax.data.packing``; made online by ``pack_table`` below, or read from
+TFRecords written by ``create_pretraining_data --pack_sequences``): a row holds up to
 ``K`` = ``data.max_sequences_per_pack`` whole instances one after another, then padding. The
 features above keep their meaning over the row: ``input_ids``, ``segment_ids`` (each instance's
 token types), ``input_mask`` (1 on every instance's tokens); ``masked_lm_*`` hold all instances'
@@ -62,6 +62,13 @@ Resuming at ``start_batch`` therefore starts the range at ``start_batch`` and re
 it needs: nothing before it is re-read or re-tokenized (the table is reused from the cache, or
 rebuilt identically if the cache is gone). The train stream is infinite; eval is finite, in
 row order, with static masks, padded to the same number of batches on every host.
+
+Packed (``data.pack_sequences``, text/tfds): the table's instances are packed once per
+pipeline (``pack_table``: windows of ``PACK_WINDOW`` instances in table order; the same on every
+host), and the stream's units are those packed rows instead of table rows: position ``p`` is
+packed row ``permutation_e(p mod R)``, its instance in slot ``j`` masked with the key
+``p * K + j`` (dynamic) or its table row (static). Instances, pairings and masks are made as
+unpacked; only their arrangement differs.
 
 Cost: every host tokenizes the whole text corpus once (first call; later calls and restarts
 reuse the cache), which suits corpora up to a few GB; for Wikipedia-scale data on many hosts,

@@ -1,5 +1,6 @@
 """The host pipeline: batch contract, determinism, resume, host shares, eval padding, sources."""
 
+import collections
 import gzip
 import itertools
 
@@ -250,3 +251,72 @@ def test_bad_inputs_give_clear_errors(corpus, tmp_path):
     model = base.get_config().model
     with pytest.raises(DataError, match="model.vocab_size=30522 but data.vocab_file"):
         pipeline.check_data_config(_config(corpus), model)
+
+
+# Most instances short (random target lengths): rows of 1 and 2 instances (KJV sentences are
+# long, so three rarely fit in 128).
+SHORT = dict(short_seq_prob=0.9, max_seq_length=128, max_predictions_per_seq=20)
+PACKED = dict(pack_sequences=True, max_sequences_per_pack=3, **SHORT)
+PACKED_NAMES = (*pipeline.FEATURES, *pipeline.PACKED_FEATURES)
+
+
+def _rows_of(batch):
+    """A batch's real rows as dicts (eval padding rows, example_weight 0, left out)."""
+    real = np.flatnonzero(batch["example_weight"] > 0)
+    return [{name: batch[name][r] for name in batch if np.ndim(batch[name])} for r in real]
+
+
+@pytest.mark.parametrize("window", [None, 50])
+def test_online_packed_rows_hold_exactly_the_unpacked_instances(corpus, window, monkeypatch):
+    """Eval (every unit once, static masks keyed by table row): every packed row unpacks into
+    contiguous instances with restarting positions, their own [CLS] and predictions (checked by
+    offline_test's unpacker), and together they are exactly the unpacked stream's instances;
+    also when the table is packed in several windows."""
+    from tests.data.offline_test import _key, _unpack
+
+    if window:
+        monkeypatch.setattr(pipeline, "PACK_WINDOW", window)
+
+    train_file = [str(corpus / "train.txt")]  # as the eval split: ~60 documents
+    unpacked = _batches(_config(corpus, **SHORT, eval_input_files=train_file), 1000, split="eval")
+    packed = _batches(_config(corpus, **PACKED, eval_input_files=train_file), 1000, split="eval")
+    rows = [row for batch in packed for row in _rows_of(batch)]
+    got = [i for row in rows for i in _unpack(row, 3, 128, 20)]
+    want = []
+    for row in (r for batch in unpacked for r in _rows_of(batch)):
+        instance = {k: row[k] for k in ("input_ids", "input_mask", "segment_ids")}
+        instance.update({k: row[k] for k in row if k.startswith("masked_lm")})
+        instance["next_sentence_labels"] = np.asarray([row["next_sentence_labels"]])
+        want.append(instance)
+    assert collections.Counter(map(_key, got)) == collections.Counter(map(_key, want))
+    counts = collections.Counter(int(row["sequence_ids"].max()) for row in rows)
+    assert counts[2] > 100 and len(rows) < 0.8 * len(want), counts  # rows saved
+    for batch in packed:
+        assert batch["next_sentence_labels"].shape == (8, 3)
+        assert batch["positions"].dtype == batch["sequence_ids"].dtype == np.int32
+
+
+def test_online_packed_stream_resumes_exactly_and_hosts_share_it(corpus):
+    """Train (dynamic masks keyed by stream position and slot): the same seed gives the same
+    packed batches, a resumed stream continues exactly, and two hosts' shares make the one-host
+    global batch."""
+    config = _config(corpus, **PACKED)
+    full = _batches(config, 12)
+    resumed = _batches(config, 4, start_batch=8)
+    for a, b in zip(full[8:], resumed, strict=True):
+        for name in PACKED_NAMES:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    single = _batches(config, 3, batch_size=16)
+    hosts = [_batches(config, 3, process_index=h, process_count=2) for h in range(2)]
+    for k in range(3):
+        for name in PACKED_NAMES:
+            merged = np.concatenate([hosts[0][k][name], hosts[1][k][name]])
+            np.testing.assert_array_equal(merged, single[k][name], err_msg=name)
+    # The recipe's factor: the train split's instances per packed row, against one epoch of
+    # the train stream counted here (its first R positions, R = the packed rows).
+    per_row = pipeline.instances_per_row(config, seed=0)
+    instances = _table(_config(corpus, **SHORT)).num_rows
+    epoch = round(instances / per_row)
+    stream = _batches(config, -(-epoch // 8))
+    counted = np.concatenate([b["next_sentence_weights"].sum(axis=1) for b in stream])[:epoch]
+    assert counted.sum() == instances and per_row > 1.25
