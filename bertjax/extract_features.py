@@ -132,8 +132,9 @@ def _rows(features: list[Feature], batch_size: int, max_seq_length: int, pack: i
     rows, window = [], batch_size * pack * 4
     for start in range(0, len(features), window):
         chunk = features[start : start + window]
-        lengths = [len(f.input_ids) for f in chunk]
-        for group in packing.pack_lengths(lengths, max_seq_length, pack):
+        lengths = np.array([len(f.input_ids) for f in chunk])
+        no_predictions = np.zeros_like(lengths)  # nothing is masked here: only L and K bind
+        for group in packing.pack(lengths, no_predictions, max_seq_length, pack, 1):
             rows.append([chunk[i] for i in group])
     return rows
 
