@@ -1,9 +1,9 @@
 """The Pallas TPU flash kernel against the XLA path (Pallas interpret mode on CPU; the real TPU
 compiler is tests/commands/compile_test.py; natively on a TPU with
 ``BERTJAX_ATTENTION_TESTS_ON_DEVICE=tpu``: ``cases.interpret``): context and gradients, dropout
-included, on every kind of masked row and block layout, packed rows too; an all-masked row uniform over the keys
-with no score array kept; and under shard_map on 8 fake devices equal to the unsharded
-computation."""
+included, on every kind of masked row and block layout, packed rows too; an all-masked row
+uniform over the keys with no score array kept; and under shard_map on 8 fake devices equal to
+the unsharded computation."""
 
 import functools
 
