@@ -11,13 +11,15 @@ Both kernels (``tpu/`` for Pallas TPU, ``gpu/`` for Pallas GPU/Triton) compute
 * ``positions`` <int32>[B, Qp]: each query's sequence position (for the causal mask), padded;
 * ``key_blocks`` <int32>[B * nq * 2]: per query block qi of example b, the key blocks
   [first, end) it visits, at 2 * (b * nq + qi). Key ``k`` is allowed for query ``q`` when
-  ``code[k] > 0`` and ``code[k] == query_code[q]`` or ``query_code[q] == 0`` (and, causal,
-  ``k <= positions[q]``). A query's allowed keys lie within [first, last] of its instance's keys
-  (all real keys for id 0), so blocks outside the union of its block's rows' spans hold only
-  keys masked for rows with a real maximum, which add exactly 0: they are skipped. A row with no
-  allowed key is uniform over all keys and needs every block. An unpacked row's range starts at
-  block 0, as the leading-block count it replaces did. Sequence ids are at most L (1..k for k
-  instances); an instance need not be contiguous (its span is then wider, never wrong);
+  ``code[k] > 0`` and (``code[k] == query_code[q]`` or ``query_code[q] == 0``) and, causal,
+  ``k <= positions[q]``: the package docstring's rule. A query's allowed keys lie within the
+  span [first, last] of its instance's keys (of all real keys for id 0), so a block outside the
+  hull of its block's rows' spans holds only keys masked for rows with a real maximum, which
+  add exactly 0: it is skipped. A row with no allowed key is uniform over all keys and needs
+  every block; the padding past Q is left out (its rows are dropped). An unpacked row's range
+  starts at block 0 and ends where the leading-block count it replaces ended. Sequence ids are
+  at most L (1..k for k instances); an instance need not be contiguous (its span is then wider:
+  more blocks visited, never a wrong result);
 * ``query_blocks`` <int32>[B * nk * 2]: the mirror, per key block kj of example b: the query
   blocks [first, end) whose key range holds kj (0, 0: none), for the kernels that iterate over
   query blocks per key block (dk, dv). A query block inside it whose range misses kj is skipped
