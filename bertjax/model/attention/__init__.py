@@ -27,6 +27,8 @@ Kernels (``BertConfig.attention_impl`` once resolved; all compute that function)
 * ``tpu_interpret``, ``gpu_interpret``: the Pallas kernels in interpret mode, on any platform
   (the tests run them on CPU).
 
+The flash kernels skip the key blocks that share no instance with a query block (a packed row's
+other instances; the padding after a row's last real key), forward and backward (``common.py``).
 Under a mesh a flash kernel runs per (batch, heads) shard with the mesh axes of the logical
 rules for ``act_batch`` and ``act_heads``; ``common.py`` holds what the kernels share.
 

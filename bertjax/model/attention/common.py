@@ -1,19 +1,37 @@
 """What the TPU and GPU flash-attention kernels share: their inputs, the tile math, the mesh.
 
 Both kernels (``tpu/`` for Pallas TPU, ``gpu/`` for Pallas GPU/Triton) compute
-``bertjax.model.attention``'s XLA path (``xla.py``) exactly, dropout included, from the same inputs:
+``bertjax.model.attention``'s XLA path (``xla.py``) exactly, dropout included, from the same inputs
+(:class:`KernelInputs`, made by :func:`kernel_inputs`):
 
-* ``code`` <int32>[B, Lp]: per key, 1 real, 0 masked, -1 padding (past the true length L);
+* ``code`` <int32>[B, Lp]: per key, its sequence id (> 0: the instance of a real token), 0
+  masked (padding), -1 padding past the true length L;
+* ``query_code`` <int32>[B, Qp]: per query, its sequence id (the key mask at its position;
+  0 for a padding position and for the padding past Q);
 * ``positions`` <int32>[B, Qp]: each query's sequence position (for the causal mask), padded;
-* ``needed`` <int32>[B * nq]: how many leading key blocks query block qi of example b must
-  visit (later blocks hold only masked keys, which add exactly 0);
+* ``key_blocks`` <int32>[B * nq * 2]: per query block qi of example b, the key blocks
+  [first, end) it visits, at 2 * (b * nq + qi). Key ``k`` is allowed for query ``q`` when
+  ``code[k] > 0`` and (``code[k] == query_code[q]`` or ``query_code[q] == 0``) and, causal,
+  ``k <= positions[q]``: the package docstring's rule. A query's allowed keys lie within the
+  span [first, last] of its instance's keys (of all real keys for id 0), so a block outside the
+  hull of its block's rows' spans holds only keys masked for rows with a real maximum, which
+  add exactly 0: it is skipped. A row with no allowed key is uniform over all keys and needs
+  every block; the padding past Q is left out (its rows are dropped). An unpacked row's range
+  starts at block 0 and ends where the leading-block count it replaces ended. Sequence ids are
+  at most L (1..k for k instances); an instance need not be contiguous (its span is then wider:
+  more blocks visited, never a wrong result);
+* ``query_blocks`` <int32>[B * nk * 2]: the mirror, per key block kj of example b: the query
+  blocks [first, end) whose key range holds kj (0, 0: none), for the kernels that iterate over
+  query blocks per key block (dk, dv). A query block inside it whose range misses kj is skipped
+  (TPU) or adds exactly 0 (GPU, for the reason above);
 * ``params`` <int32>[4] = (seed0, seed1, batch_offset, head_offset): the dropout seed's bits
   and, under a mesh, the shard's first global example and head.
 
 Per tile a kernel recomputes, for the (query, key) pairs it owns,
 
     s = q . k + bias                      float32 (accumulated so, never rounded to dtype);
-                                          bias: 0 allowed, -1e9 masked, -inf padding key
+                                          bias (:func:`tile_bias`): 0 allowed, -1e9 masked,
+                                          -inf padding key
     p = exp(s - m) / l                    m, l: per-query max and sum over all keys (forward)
     keep, scale = counter-hash dropout of the global (b, n, q, k)  (``dropout.py``)
 
@@ -25,6 +43,8 @@ total_queries``: the names the functions here read.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -106,50 +126,107 @@ def sharded(
     )(query, key, value, key_mask, query_positions, seed)
 
 
-def kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries):
-    """(code, positions, needed, params) of the module docstring for one (shard's) call."""
+class KernelInputs(NamedTuple):
+    """The module docstring's kernel inputs of one (shard's) call."""
+
+    code: jax.Array
+    query_code: jax.Array
+    positions: jax.Array
+    key_blocks: jax.Array
+    query_blocks: jax.Array
+    params: jax.Array
+
+
+def kernel_inputs(plan, key_mask, query_positions, seed, offsets, num_queries) -> KernelInputs:
+    """The module docstring's inputs from the public arguments of one (shard's) call."""
     code = jnp.pad(
-        (key_mask != 0).astype(jnp.int32),
+        jnp.maximum(key_mask.astype(jnp.int32), 0),
         ((0, 0), (0, plan.padded_keys - key_mask.shape[1])),
         constant_values=-1,
     )
     if query_positions is None:
         query_positions = jnp.broadcast_to(jnp.arange(num_queries), (plan.batch, num_queries))
-    positions = jnp.pad(
-        query_positions.astype(jnp.int32), ((0, 0), (0, plan.padded_queries - num_queries))
-    )
-    needed = _blocks_needed(plan, code, positions, num_queries)
+    query_positions = query_positions.astype(jnp.int32)
+    padding = ((0, 0), (0, plan.padded_queries - num_queries))
+    query_code = jnp.pad(jnp.take_along_axis(code, query_positions, axis=1), padding)
+    positions = jnp.pad(query_positions, padding)
+    ranges = key_block_ranges(plan, code, query_code, positions, num_queries)
     if not plan.dropout:
         seed = jnp.zeros(2, jnp.uint32)
     seed = jax.lax.bitcast_convert_type(seed.astype(jnp.uint32), jnp.int32)
     params = jnp.concatenate([seed, offsets.astype(jnp.int32)])
-    return code, positions, needed, params
+    return KernelInputs(
+        code,
+        query_code,
+        positions,
+        ranges.reshape(-1),
+        query_block_ranges(plan, ranges).reshape(-1),
+        params,
+    )
 
 
-def _blocks_needed(plan, code, positions, num_queries) -> jax.Array:
-    """<int32>[B * nq]: leading key blocks each query block must visit.
-
-    A row with an allowed key gets exactly 0 from every key after its last allowed one (its
-    max is a real logit, so exp(-1e9 + ...) underflows); a row with none is uniform over all
-    keys and needs every block. Padding rows need only block 0 (they are dropped).
-    """
-    real = jnp.where(code == 1, jnp.arange(plan.padded_keys), -1)  # [B, Lp]
+def _allowed_spans(plan, code, query_code, positions):
+    """(first, last) <int32>[B, Qp]: the span of keys each query may attend to (last < first:
+    none). Id > 0: its instance's first and last key; id 0: the first and last real key;
+    causal: last clipped to the query's position."""
+    batch, length = code.shape
+    index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), code.shape)
+    ids = jnp.clip(code, 0, length)  # [B, Lp]; slot 0 collects masked and padding keys
+    segments = (jnp.arange(batch)[:, None] * (length + 1) + ids).reshape(-1)
+    bound = lambda reduce: reduce(
+        index.reshape(-1), segments, num_segments=batch * (length + 1)
+    ).reshape(batch, length + 1)
+    instance_first, instance_last = bound(jax.ops.segment_min), bound(jax.ops.segment_max)
+    real = jnp.where(code > 0, index, -1)
+    first_real = jnp.where(code > 0, index, length).min(axis=1, keepdims=True)
+    last_real = jnp.broadcast_to(real.max(axis=1, keepdims=True), positions.shape)
     if plan.causal:  # last real key at or before each position
-        last_real_upto = jax.lax.cummax(real, axis=1)
-        clipped = jnp.clip(positions, 0, plan.padded_keys - 1)
-        last_allowed = jnp.take_along_axis(last_real_upto, clipped, axis=1)
-        last_allowed = jnp.where(positions < 0, -1, last_allowed)
-    else:
-        last_allowed = jnp.broadcast_to(real.max(axis=1, keepdims=True), positions.shape)
-    blocks = jnp.where(last_allowed < 0, plan.num_k_blocks, last_allowed // plan.block_k + 1)
-    blocks = jnp.where(jnp.arange(plan.padded_queries) < num_queries, blocks, 1)
-    return blocks.reshape(plan.batch * plan.num_q_blocks, plan.block_q).max(axis=1)
+        clipped = jnp.clip(positions, 0, length - 1)
+        last_real = jnp.take_along_axis(jax.lax.cummax(real, axis=1), clipped, axis=1)
+        last_real = jnp.where(positions < 0, -1, last_real)
+    query_ids = jnp.clip(query_code, 0, length)
+    own_first = jnp.take_along_axis(instance_first, query_ids, axis=1)
+    own_last = jnp.take_along_axis(instance_last, query_ids, axis=1)
+    if plan.causal:
+        own_last = jnp.minimum(own_last, positions)
+    packed = query_code > 0
+    first = jnp.where(packed, own_first, jnp.broadcast_to(first_real, positions.shape))
+    return first, jnp.where(packed, own_last, last_real)
 
 
-def tile_bias(code, key_index, positions) -> jax.Array:
-    """Additive <float32> bias from broadcastable key codes (1 real, 0 masked, -1 padding),
-    global key indices and query positions (None: bidirectional)."""
-    allowed = code == 1
+def key_block_ranges(plan, code, query_code, positions, num_queries) -> jax.Array:
+    """<int32>[B, nq, 2]: the key blocks [first, end) each query block visits (module
+    docstring), from ``code`` [B, Lp], ``query_code`` and ``positions`` [B, Qp]."""
+    first, last = _allowed_spans(plan, code, query_code, positions)
+    none = last < first  # no allowed key: uniform over every key, so every block
+    first_block = jnp.where(none, 0, first // plan.block_k)
+    end_block = jnp.where(none, plan.num_k_blocks, last // plan.block_k + 1)
+    real = jnp.arange(plan.padded_queries) < num_queries  # padding rows are dropped
+    first_block = jnp.where(real, first_block, plan.num_k_blocks)
+    end_block = jnp.where(real, end_block, 0)
+    per_block = (plan.batch, plan.num_q_blocks, plan.block_q)
+    first_block = first_block.reshape(per_block).min(axis=2)
+    end_block = end_block.reshape(per_block).max(axis=2)
+    return jnp.stack([first_block, end_block], axis=-1).astype(jnp.int32)
+
+
+def query_block_ranges(plan, key_ranges) -> jax.Array:
+    """<int32>[B, nk, 2]: per key block, the query blocks [first, end) whose key range
+    ``key_ranges`` <int32>[B, nq, 2] holds it ((0, 0): none)."""
+    kj = jnp.arange(plan.num_k_blocks)[None, None, :]
+    hit = (key_ranges[..., :1] <= kj) & (kj < key_ranges[..., 1:])  # [B, nq, nk]
+    first = jnp.argmax(hit, axis=1)
+    end = plan.num_q_blocks - jnp.argmax(hit[:, ::-1], axis=1)
+    any_hit = hit.any(axis=1)
+    bounds = [jnp.where(any_hit, first, 0), jnp.where(any_hit, end, 0)]
+    return jnp.stack(bounds, axis=-1).astype(jnp.int32)
+
+
+def tile_bias(code, query_code, key_index, positions) -> jax.Array:
+    """Additive <float32> bias of a tile (the module docstring's rule) from broadcastable key
+    codes (id > 0, 0 masked, -1 padding), query codes (ids, 0 padding), global key indices and
+    query positions (None: bidirectional)."""
+    allowed = (code > 0) & ((code == query_code) | (query_code <= 0))
     if positions is not None:
         allowed = allowed & (key_index <= positions)
     masked = jnp.where(allowed, jnp.float32(0.0), jnp.float32(MASK_VALUE))

@@ -6,7 +6,9 @@ a run checks its kernel where it runs (``bertjax.training.kernel_check``). :func
 
 * shapes: batch 2, 2 heads, 128 positions (one 128-lane block of the TPU kernel; two 64-row
   blocks of the GPU kernel), the run's head size ``D``;
-* masks: example 0 all real, example 1 padded after position 77; causal if the run is;
+* masks: example 0 a packed row of three instances (sequence ids 1 on [0, 40), 2 on [40, 64),
+  3 on [64, 128): a boundary inside a GPU block and one on its edge, so that the GPU kernel
+  skips blocks), example 1 unpacked and padded after position 77; causal if the run is;
 * the run's dtype and attention dropout rate, dropout on (the counter hash of ``dropout.py``
   draws the same mask on both paths). For the 'gpu' kernel also with dropout off, because there
   a call without dropout may run another kernel (cuDNN's, ``gpu/cudnn.py``: evaluation).
@@ -40,7 +42,8 @@ import numpy as np
 from bertjax.model import attention
 
 BATCH, HEADS, LENGTH = 2, 2, 128
-_PADDED_AFTER = 77  # example 1's real tokens; example 0 is all real
+_PADDED_AFTER = 77  # example 1's real tokens
+_INSTANCE_STARTS = (0, 40, 64)  # example 0's packed instances (sequence ids 1, 2, 3)
 _SEED = np.array([0x243F6A88, 0x85A308D3], np.uint32)
 # Allowed error beyond twice the XLA path's own, as a fraction of the output's largest magnitude.
 FLOORS = {"float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
@@ -128,8 +131,9 @@ def _inputs(head_dim: int, dtype, device):
     shape = (BATCH, LENGTH, HEADS, head_dim)
     query = rng.normal(size=shape) * 2 / np.sqrt(head_dim)
     key, value, cotangent = (rng.normal(size=shape) for _ in range(3))
-    real = np.array([LENGTH, _PADDED_AFTER])
+    real = np.array([0, _PADDED_AFTER])
     key_mask = (np.arange(LENGTH)[None] < real[:, None]).astype(np.int32)
+    key_mask[0] = np.searchsorted(_INSTANCE_STARTS, np.arange(LENGTH), side="right")
     # Rounded to the run's dtype first, so that the truth sees the very inputs the paths see.
     low = [np.asarray(jnp.asarray(x, dtype)) for x in (query, key, value)]
     put = lambda x: jax.device_put(x, device)

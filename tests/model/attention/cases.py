@@ -50,11 +50,30 @@ class Case(NamedTuple):
     # Logits of standard deviation ~2 * logit_scale; 8 makes peaked heads, where a bf16 logit
     # would be rounded in steps of 1/8.
     logit_scale: float = 1.0
+    packed: bool = False  # key masks of sequence ids: see packed_key_mask
+
+
+def packed_key_mask(length: int, batch: int) -> np.ndarray:
+    """<int32>[B, L] sequence ids: example 0 packed full with 3 instances (boundaries at 39% and
+    70% of L: inside kernel blocks), 1 unpacked and partly padding, 2 all padding, 3 packed with
+    5 instances (one of them short) then padding."""
+    index = np.arange(length)
+    ids = lambda fractions: np.searchsorted(
+        [round(f * length) for f in fractions], index, side="right"
+    )
+    rows = [
+        ids((0.0, 0.39, 0.7)),
+        (index < min(90, length - 7)).astype(np.int64),
+        np.zeros(length, np.int64),
+        np.where(index < round(0.8 * length), ids((0.0, 0.1, 0.3, 0.33, 0.6)), 0),
+    ]
+    return np.stack(rows[:batch]).astype(np.int32)
 
 
 def inputs(case: Case, seed=0):
     """Random q (scaled), k, v <dtype>[B, T, N, D], a cotangent, key mask with example 0 real,
-    1 and 3 partly padding, 2 all padding, and sorted distinct query positions (or None)."""
+    1 and 3 partly padding, 2 all padding (``packed``: :func:`packed_key_mask`), and sorted
+    distinct query positions (or None)."""
     rng = np.random.default_rng(seed)
     b, n, d, length = case.batch, case.heads, case.head_dim, case.length
     queries = case.queries or length
@@ -64,6 +83,8 @@ def inputs(case: Case, seed=0):
     cotangent = rng.normal(size=shape(queries)).astype(np.float32)
     real = [length, min(90, length - 7), 0, length // 2][:b]
     key_mask = (np.arange(length)[None] < np.array(real)[:, None]).astype(np.int32)
+    if case.packed:
+        key_mask = packed_key_mask(length, b)
     positions = None
     if case.queries:
         positions = np.sort(

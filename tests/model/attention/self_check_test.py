@@ -1,5 +1,6 @@
 """The self-check passes the kernels as they are and fails a kernel that is wrong by a little:
-its output scaled by 1.001, or its dropout mask drawn from another seed (on CPU: the Pallas
+its output scaled by 1.001, its dropout mask drawn from another seed, or packed instances
+seeing each other (on CPU: the Pallas
 kernels in interpret mode against the XLA path)."""
 
 import pytest
@@ -53,3 +54,19 @@ def test_a_kernel_with_another_dropout_mask_fails(monkeypatch):
     )
     assert not outcome.passed, outcome.describe()
     assert outcome.worst.ratio > 10  # not a rounding matter
+
+
+def _unpacking(flash_attention):
+    def wrong(query, key, value, key_mask, **kwargs):  # sequence ids read as a 1/0 mask
+        return flash_attention(query, key, value, (key_mask > 0).astype(key_mask.dtype), **kwargs)
+
+    return wrong
+
+
+def test_a_kernel_that_lets_packed_instances_see_each_other_fails(monkeypatch):
+    monkeypatch.setattr(gpu, "flash_attention", _unpacking(gpu.flash_attention))
+    outcome = self_check.compare(
+        "gpu_interpret", head_dim=32, dtype="float32", dropout_rate=0.1, causal=True
+    )
+    assert not outcome.passed, outcome.describe()
+    assert outcome.worst.ratio > 10

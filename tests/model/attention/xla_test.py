@@ -1,7 +1,8 @@
 """The XLA path against the model's original attention code (copied below, with the one change
 made since: float32 logits, the product never rounded to the compute dtype): the same context
 and gradients, bit for bit, dropout and gathered query positions included; and in bfloat16 the
-float32 logits are what brings it closer to the float32 truth than the original's."""
+float32 logits are what brings it closer to the float32 truth than the original's. With sequence
+ids (packed rows), each instance gets exactly what it gets alone in its own row."""
 
 import jax
 import jax.numpy as jnp
@@ -89,3 +90,43 @@ def test_bfloat16_float32_logits_are_closer_to_the_float32_truth_than_rounded_on
     )
     error = lambda x: float(jnp.abs(x.astype(jnp.float32) - truth).max())
     assert error(got) < 0.5 * error(rounded), (error(got), error(rounded))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_instances_get_exactly_what_they_get_alone(causal):
+    """Without cross-contamination: with dropout off, each instance of a packed row (sequence
+    ids; examples 0 and 3 of ``cases.packed_key_mask``) gets the context and the q, k, v
+    gradients it gets moved alone to row position 0 of its own row, padded. The cotangent is
+    zero on padding queries (they see every real key, in both rows)."""
+    case = Case(160, causal=causal, rate=0.0, batch=4, packed=True)
+    (query, key, value, key_mask), _, cotangent = cases.inputs(case)
+    cotangent = cotangent * (key_mask > 0)[:, :, None, None]
+    packed = cases.value_and_grads(
+        cases.dispatch(case), (query, key, value, key_mask), None, cotangent, None
+    )
+    instances = [(b, int(i)) for b in (0, 3) for i in np.unique(key_mask[b]) if i > 0]
+    assert len(instances) == 8
+    alone_inputs, spans = [], []
+    for b, instance in instances:
+        where = np.nonzero(np.asarray(key_mask[b]) == instance)[0]
+        start, size = int(where[0]), len(where)
+        spans.append((b, start, size))
+        alone_inputs.append(
+            [
+                jnp.zeros_like(x[b]).at[:size].set(x[b, start : start + size])
+                for x in (query, key, value, cotangent)
+            ]
+        )
+    stacked = [jnp.stack(arrays) for arrays in zip(*alone_inputs, strict=True)]
+    alone_mask = jnp.asarray(
+        [np.arange(case.length) < size for _, _, size in spans], jnp.int32
+    )  # unpacked rows: 1s then 0s
+    alone = cases.value_and_grads(
+        cases.dispatch(case), (*stacked[:3], alone_mask), None, stacked[3], None
+    )
+    for row, (b, start, size) in enumerate(spans):
+        for got, want in zip(jax.tree.leaves(packed), jax.tree.leaves(alone), strict=True):
+            scale = float(jnp.abs(want).max())
+            np.testing.assert_allclose(
+                got[b, start : start + size], want[row, :size], rtol=1e-5, atol=1e-6 * scale
+            )

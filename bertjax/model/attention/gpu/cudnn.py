@@ -2,8 +2,9 @@
 
 cuDNN has no counter-hash dropout and runs 16-bit inputs only, so the 'gpu' kernel family runs
 it for those calls (evaluation, a rate of 0) and the Pallas kernels of ``flash.py`` for the rest.
-The mask travels as the XLA path's additive bias, so a row whose keys are all masked stays
-uniform.
+The mask travels as the XLA path's additive bias <dtype>[B, 1, Q, L] (per query: sequence ids
+make it block-diagonal in a packed row), so a row whose keys are all masked stays uniform. cuDNN
+reads it whole; it does not skip a packed row's other instances the way the flash kernels do.
 """
 
 from __future__ import annotations

@@ -127,6 +127,7 @@ def _specs(plan: kernels.Plan, query_major: bool) -> dict[str, pl.BlockSpec]:
         "k": pl.BlockSpec((None, own_k, None, dp), k_index),
         "stats": pl.BlockSpec((None, None, own_q), lambda b, h, i: (b, h, i if query_major else 0)),
         "code": pl.BlockSpec((None, own_k), lambda b, h, i: (b, 0 if query_major else i)),
+        "query_code": pl.BlockSpec((None, own_q), lambda b, h, i: (b, i if query_major else 0)),
         "positions": pl.BlockSpec((None, own_q), lambda b, h, i: (b, i if query_major else 0)),
     }
 
@@ -150,13 +151,13 @@ def _pallas(plan, kernel, name, grid, operands, out_specs, out_shape):
     )(*args)
 
 
-def _operands(plan, specs, tensors, aux):
-    """(needed, params, *tensors, code[, positions]) with their specs."""
-    code, positions, needed, params = aux
-    operands = [(_whole(needed), needed), (_whole(params), params), *tensors]
-    operands.append((specs["code"], code))
+def _operands(plan, specs, tensors, aux, ranges):
+    """(ranges, params, *tensors, code, query_code[, positions]) with their specs; ``ranges``:
+    ``aux.key_blocks`` (forward, dq) or the dk/dv kernel's query sub-block ranges."""
+    operands = [(_whole(ranges), ranges), (_whole(aux.params), aux.params), *tensors]
+    operands += [(specs["code"], aux.code), (specs["query_code"], aux.query_code)]
     if plan.causal:
-        operands.append((specs["positions"], positions))
+        operands.append((specs["positions"], aux.positions))
     return operands
 
 
@@ -168,7 +169,8 @@ def _forward_call(plan, q, k, v, aux):
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), stats, stats]
     return _pallas(
         plan, kernels.forward_kernel, "flash_gpu_forward",
-        (plan.batch, plan.num_heads, plan.num_q_blocks), _operands(plan, specs, tensors, aux),
+        (plan.batch, plan.num_heads, plan.num_q_blocks),
+        _operands(plan, specs, tensors, aux, aux.key_blocks),
         [specs["q"], specs["stats"], specs["stats"]], out_shape,
     )  # fmt: skip
 
@@ -183,32 +185,26 @@ def _dq_call(plan, q, k, v, d_context, stats, aux):
     tensors = _backward_tensors(specs, q, k, v, d_context, stats)
     return _pallas(
         plan, kernels.dq_kernel, "flash_gpu_dq",
-        (plan.batch, plan.num_heads, plan.num_q_blocks), _operands(plan, specs, tensors, aux),
+        (plan.batch, plan.num_heads, plan.num_q_blocks),
+        _operands(plan, specs, tensors, aux, aux.key_blocks),
         specs["q"], jax.ShapeDtypeStruct(q.shape, q.dtype),
     )  # fmt: skip
 
 
-def _query_range(plan: kernels.Plan, needed) -> jax.Array:
-    """<int32>[B * nk * 2]: per (example, key block) the first and one-past-last query
-    sub-block (of ``block_q_dkv`` rows) whose query block needs that key block (0, 0: none)."""
-    needed = needed.reshape(plan.batch, plan.num_q_blocks, 1)
-    hit = jnp.arange(plan.num_k_blocks)[None, None, :] < needed  # [B, nq, nk]
-    first = jnp.argmax(hit, axis=1)
-    end = plan.num_q_blocks - jnp.argmax(hit[:, ::-1], axis=1)
-    any_hit = hit.any(axis=1)
-    per_block = plan.block_q // plan.block_q_dkv
-    bounds = jnp.stack([jnp.where(any_hit, first, 0), jnp.where(any_hit, end, 0)], axis=-1)
-    return (bounds * per_block).astype(jnp.int32).reshape(-1)
+def _query_range(plan: kernels.Plan, query_blocks) -> jax.Array:
+    """<int32>[B * nk * 2]: ``query_blocks`` (per (example, key block) the query blocks
+    [first, end) whose key range holds it) in sub-blocks of ``block_q_dkv`` rows."""
+    return (query_blocks * (plan.block_q // plan.block_q_dkv)).astype(jnp.int32)
 
 
 def _dkv_call(plan, q, k, v, d_context, stats, aux):
     specs = _specs(plan, query_major=False)
-    query_range = _query_range(plan, aux[2])
-    tensors = [(_whole(query_range), query_range)]
-    tensors += _backward_tensors(specs, q, k, v, d_context, stats)
+    query_range = _query_range(plan, aux.query_blocks)
+    tensors = _backward_tensors(specs, q, k, v, d_context, stats)
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     return _pallas(
         plan, kernels.dkv_kernel, "flash_gpu_dkv",
-        (plan.batch, plan.num_heads, plan.num_k_blocks), _operands(plan, specs, tensors, aux),
+        (plan.batch, plan.num_heads, plan.num_k_blocks),
+        _operands(plan, specs, tensors, aux, query_range),
         [specs["k"], specs["k"]], out_shape,
     )  # fmt: skip

@@ -6,13 +6,13 @@ kernels. Tiles are [bq, bk], queries on rows; per-query stats are float32 [bq] v
 as <float32>[B, N, Qp] (max, sum) and, for the backward, di = rowsum(dO * O).
 
 Each program owns one (example, head) and one query block (forward, dq: grid (B, N, nq), a loop
-over the key blocks it ``needed``) or one key block (dk/dv: grid (B, N, nk), a loop over the
-range of query sub-blocks that need it). Per tile it recomputes the probabilities and the
-dropout mask with the tile math of ``attention/common.py``; every tile the backward visits either
-was visited by the forward or holds only keys masked for rows with a real maximum, so a
-recomputed ``s - m`` is never positive. ``needed``, ``params`` (``common.kernel_inputs``)
-and the dk/dv kernel's query ranges are whole-array operands read with scalar loads. No loop
-branches: Triton pipelines the loads of every loop.
+over its range of key blocks, ``key_blocks``) or one key block (dk/dv: grid (B, N, nk), a loop
+over the range of query sub-blocks whose blocks visit it). Per tile it recomputes the
+probabilities and the dropout mask with the tile math of ``attention/common.py``; every tile the
+backward visits either was visited by the forward or holds only keys masked for rows with a real
+maximum, so a recomputed ``s - m`` is never positive. ``key_blocks``, ``params``
+(``common.kernel_inputs``) and the dk/dv kernel's query ranges are whole-array operands read with
+scalar loads. No loop branches: Triton pipelines the loads of every loop.
 """
 
 from __future__ import annotations
@@ -67,13 +67,14 @@ def _scores(q, k, bias) -> jax.Array:
 class _Tile:
     """Index vectors, bias and dropout mask of tile (qi, kj) of one (example, head) program."""
 
-    def __init__(self, plan: Plan, params_ref, code, positions, b, h, qi, kj, block_q=None):
+    def __init__(self, plan: Plan, params_ref, codes, positions, b, h, qi, kj, block_q=None):
         self.plan = plan
         block_q = block_q or plan.block_q
         self.queries = (qi * block_q + jnp.arange(block_q, dtype=jnp.int32))[:, None]
         self.keys = (kj * plan.block_k + jnp.arange(plan.block_k, dtype=jnp.int32))[None, :]
+        code, query_code = codes  # [bk], [bq]
         query_positions = None if positions is None else positions[:, None]
-        self.bias = tile_bias(code[None, :], self.keys, query_positions)  # [bq, bk]
+        self.bias = tile_bias(code[None, :], query_code[:, None], self.keys, query_positions)
         # One mask per tile, however many arrays it is applied to (None without dropout).
         rows = dropout_rows(plan, params_ref, b, h, self.queries) if plan.dropout else None
         self.keep = keep_mask(plan, params_ref, rows, self.keys)
@@ -91,19 +92,25 @@ def _query_rows(qi, block):
     return pl.ds(pl.multiple_of(qi * block, block), block)
 
 
+def _key_range(plan: Plan, key_blocks_ref, b, qi):
+    """(first, end): the key blocks query block ``qi`` of example ``b`` visits."""
+    at = 2 * (b * plan.num_q_blocks + qi)
+    return key_blocks_ref[at], key_blocks_ref[at + 1]
+
+
 def forward_kernel(*refs, plan: Plan):
-    """Online softmax over the needed key blocks; writes the context [bq, D] and the per-query
-    max and sum <float32>[bq]."""
-    needed_ref, params_ref, q_ref, k_ref, v_ref, code_ref, *rest = refs
+    """Online softmax over the query block's key blocks; writes the context [bq, D] and the
+    per-query max and sum <float32>[bq]."""
+    key_blocks_ref, params_ref, q_ref, k_ref, v_ref, code_ref, query_code_ref, *rest = refs
     pos_ref, (o_ref, max_ref, sum_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
     b, h, qi = (pl.program_id(i) for i in range(3))
-    q = q_ref[...]
+    q, query_code = q_ref[...], query_code_ref[...]
     positions = None if pos_ref is None else pos_ref[...]
 
     def step(kj, carry):
         acc, row_max, row_sum = carry
         keys = _blocks(plan, kj)
-        tile = _Tile(plan, params_ref, code_ref[keys], positions, b, h, qi, kj)
+        tile = _Tile(plan, params_ref, (code_ref[keys], query_code), positions, b, h, qi, kj)
         k, v = k_ref[keys, :], v_ref[keys, :]
         s = _scores(q, k, tile.bias)
         max_next = jnp.maximum(row_max, s.max(axis=1))
@@ -119,8 +126,7 @@ def forward_kernel(*refs, plan: Plan):
         jnp.full((plan.block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((plan.block_q,), jnp.float32),
     )
-    needed = needed_ref[b * plan.num_q_blocks + qi]
-    acc, row_max, row_sum = jax.lax.fori_loop(0, needed, step, init)
+    acc, row_max, row_sum = jax.lax.fori_loop(*_key_range(plan, key_blocks_ref, b, qi), step, init)
     o_ref[...] = (acc * (1.0 / row_sum)[:, None]).astype(o_ref.dtype)
     max_ref[...] = row_max
     sum_ref[...] = row_sum
@@ -134,36 +140,37 @@ def _probabilities_and_ds(tile: _Tile, q, k, v, do, row_max, inverse_sum, di):
 
 
 def dq_kernel(*refs, plan: Plan):
-    """dq = sum over the needed key blocks of dS K, for one query block."""
-    needed_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
-    max_ref, sum_ref, di_ref, code_ref, *rest = rest
+    """dq = sum over the query block's key blocks of dS K."""
+    key_blocks_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
+    max_ref, sum_ref, di_ref, code_ref, query_code_ref, *rest = rest
     pos_ref, (dq_ref,) = (rest[0], rest[1:]) if plan.causal else (None, rest)
     b, h, qi = (pl.program_id(i) for i in range(3))
-    q, do = q_ref[...], do_ref[...]
+    q, do, query_code = q_ref[...], do_ref[...], query_code_ref[...]
     stats = (max_ref[...], 1.0 / sum_ref[...], di_ref[...])
     positions = None if pos_ref is None else pos_ref[...]
 
     def step(kj, acc):
         keys = _blocks(plan, kj)
-        tile = _Tile(plan, params_ref, code_ref[keys], positions, b, h, qi, kj)
+        tile = _Tile(plan, params_ref, (code_ref[keys], query_code), positions, b, h, qi, kj)
         k, v = k_ref[keys, :], v_ref[keys, :]
         _, ds = _probabilities_and_ds(tile, q, k, v, do, *stats)
         return acc + jax.lax.dot(ds, k, preferred_element_type=jnp.float32)
 
-    needed = needed_ref[b * plan.num_q_blocks + qi]
     init = jnp.zeros((plan.block_q, plan.head_dim), jnp.float32)
-    dq_ref[...] = jax.lax.fori_loop(0, needed, step, init).astype(dq_ref.dtype)
+    dq = jax.lax.fori_loop(*_key_range(plan, key_blocks_ref, b, qi), step, init)
+    dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def dkv_kernel(*refs, plan: Plan):
     """dV = sum_q dropout(P)^T dO and dK = sum_q dS^T Q over the query rows whose blocks need key
     block kj. ``query_range`` <int32>[B * nk * 2]: per (example, key block) the first and
-    one-past-last query sub-block of ``block_q_dkv`` rows that need it. A sub-block in between
-    that does not (gathered positions in no order) adds exactly 0: its rows' maxima are real
-    logits and this key block holds only keys masked for them (a row with no allowed key needs
-    every block). A loop without branches lets Triton pipeline its loads."""
-    _, params_ref, range_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs  # needed: unused
-    max_ref, sum_ref, di_ref, code_ref, *rest = rest
+    one-past-last query sub-block of ``block_q_dkv`` rows whose blocks visit it
+    (``common.kernel_inputs``' ``query_blocks``). A sub-block in between whose block does not
+    (gathered positions in no order, another instance) adds exactly 0: its rows' maxima are
+    real logits and this key block holds only keys masked for them (a row with no allowed key
+    visits every block). A loop without branches lets Triton pipeline its loads."""
+    range_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
+    max_ref, sum_ref, di_ref, code_ref, query_code_ref, *rest = rest
     pos_ref, (dk_ref, dv_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
     b, h, kj = (pl.program_id(i) for i in range(3))
     k, v, code = k_ref[...], v_ref[...], code_ref[...]
@@ -173,7 +180,8 @@ def dkv_kernel(*refs, plan: Plan):
         dk, dv = carry
         queries = _query_rows(qi, block)
         positions = None if pos_ref is None else pos_ref[queries]
-        tile = _Tile(plan, params_ref, code, positions, b, h, qi, kj, block_q=block)
+        codes = (code, query_code_ref[queries])
+        tile = _Tile(plan, params_ref, codes, positions, b, h, qi, kj, block_q=block)
         q, do = q_ref[queries, :], do_ref[queries, :]
         stats = (max_ref[queries], 1.0 / sum_ref[queries], di_ref[queries])
         p, ds = _probabilities_and_ds(tile, q, k, v, do, *stats)

@@ -2,8 +2,9 @@
 
 Grids are (B, N / heads_per_block, major, minor), the last axis accumulating ("arbitrary"):
 key blocks for the forward and dq kernels, query blocks for dk/dv. Every operand's block is
-chosen by an index map over the grid indices and the scalar-prefetched ``needed`` table (see
-kernels.py), so skipped tiles re-map to a block already in VMEM and cost no DMA.
+chosen by an index map over the grid indices and the scalar-prefetched ``key_blocks`` and
+``query_blocks`` ranges (``common.kernel_inputs``), so skipped tiles re-map to a block already in
+VMEM and cost no DMA.
 Queries, keys, values and their gradients are <dtype>[B, N*D, T] (positions along lanes); row
 stats travel as <float32>[B, N, S, Qp], one [1, bq] row per stat, as the kernels use them.
 """
@@ -28,38 +29,48 @@ from bertjax.model.attention.tpu.kernels import (
 
 
 def _query_major_specs(plan: Plan, num_stats: int) -> dict[str, pl.BlockSpec]:
-    """BlockSpecs for grid (b, h, qi, kj). Skipped key steps re-map to the last visited block,
-    which is already in VMEM, so they cost no DMA."""
+    """BlockSpecs for grid (b, h, qi, kj). Skipped key steps re-map to the nearest visited
+    block (the first before the range, the last after it), so they cost no DMA."""
     bq, bk, width, nq = plan.block_q, plan.block_k, plan.width, plan.num_q_blocks
 
-    def kj_visited(b, qi, kj, needed):
-        return jnp.minimum(kj, needed[b * nq + qi] - 1)
+    def kj_visited(b, qi, kj, key_blocks):
+        at = 2 * (b * nq + qi)
+        return jnp.clip(kj, key_blocks[at], key_blocks[at + 1] - 1)
 
+    def key_side(block_shape, pick):
+        return pl.BlockSpec(
+            block_shape,
+            lambda b, h, qi, kj, key_blocks, *_: pick(b, h, kj_visited(b, qi, kj, key_blocks)),
+        )
+
+    query_row = pl.BlockSpec((1, 1, bq), lambda b, h, qi, kj, *_: (b, 0, qi))
     return {
         "q": pl.BlockSpec((1, width, bq), lambda b, h, qi, kj, *_: (b, h, qi)),
-        "kv": pl.BlockSpec(
-            (1, width, bk), lambda b, h, qi, kj, needed, _: (b, h, kj_visited(b, qi, kj, needed))
-        ),
+        "kv": key_side((1, width, bk), lambda b, h, kj: (b, h, kj)),
         "stats": pl.BlockSpec(
             (1, plan.heads_per_block, num_stats, bq), lambda b, h, qi, kj, *_: (b, h, 0, qi)
         ),
-        "code": pl.BlockSpec(
-            (1, bk, 1), lambda b, h, qi, kj, needed, _: (b, kj_visited(b, qi, kj, needed), 0)
-        ),
-        "positions": pl.BlockSpec((1, 1, bq), lambda b, h, qi, kj, *_: (b, 0, qi)),
+        "code": key_side((1, bk, 1), lambda b, h, kj: (b, kj, 0)),
+        "query_code": query_row,
+        "positions": query_row,
     }
 
 
 def _key_major_specs(plan: Plan) -> dict[str, pl.BlockSpec]:
-    """BlockSpecs for grid (b, h, kj, qi); skipped query steps re-map to query block 0."""
-    bq, bk, width, nq = plan.block_q, plan.block_k, plan.width, plan.num_q_blocks
+    """BlockSpecs for grid (b, h, kj, qi); query steps outside the key block's query range
+    re-map to the nearest block in it (block 0 when the range is empty)."""
+    bq, bk, width, nk = plan.block_q, plan.block_k, plan.width, plan.num_k_blocks
 
-    def qi_visited(b, kj, qi, needed):
-        return jnp.where(kj < needed[b * nq + qi], qi, 0)
+    def qi_visited(b, kj, qi, query_blocks):
+        at = 2 * (b * nk + kj)
+        return jnp.maximum(jnp.clip(qi, query_blocks[at], query_blocks[at + 1] - 1), 0)
 
     def q_side(block_shape, pick):
         return pl.BlockSpec(
-            block_shape, lambda b, h, kj, qi, needed, _: pick(b, h, qi_visited(b, kj, qi, needed))
+            block_shape,
+            lambda b, h, kj, qi, _, query_blocks, __: pick(
+                b, h, qi_visited(b, kj, qi, query_blocks)
+            ),
         )
 
     return {
@@ -67,6 +78,7 @@ def _key_major_specs(plan: Plan) -> dict[str, pl.BlockSpec]:
         "kv": pl.BlockSpec((1, width, bk), lambda b, h, kj, qi, *_: (b, h, kj)),
         "stats": q_side((1, plan.heads_per_block, 3, bq), lambda b, h, qi: (b, h, 0, qi)),
         "code": pl.BlockSpec((1, bk, 1), lambda b, h, kj, qi, *_: (b, kj, 0)),
+        "query_code": q_side((1, 1, bq), lambda b, h, qi: (b, 0, qi)),
         "positions": q_side((1, 1, bq), lambda b, h, qi: (b, 0, qi)),
     }
 
@@ -75,7 +87,7 @@ def _pallas(plan: Plan, kernel, grid, in_specs, out_specs, out_shape, scratch, c
     return pl.pallas_call(
         functools.partial(kernel, plan=plan),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2,  # needed, params
+            num_scalar_prefetch=3,  # key_blocks, query_blocks, params
             grid=grid,
             in_specs=in_specs,
             out_specs=out_specs,
@@ -104,19 +116,26 @@ def _cost(plan: Plan, matmuls: int, exps: int, resident, streamed, restreams: in
     )
 
 
-def _mask_operands(plan: Plan, specs, code, positions):
-    """Key codes <int32>[B, Lp] as a column [B, Lp, 1] (keys are sublanes in every tile) and,
-    for causal attention, query positions [B, Qp] as a row [B, 1, Qp], with their specs."""
+def _mask_operands(plan: Plan, specs, aux):
+    """Key codes <int32>[B, Lp] as a column [B, Lp, 1] (keys are sublanes in every tile), query
+    codes [B, Qp] as a row [B, 1, Qp] and, for causal attention, query positions as a row too,
+    with their specs."""
+    operands = [aux.code[:, :, None], aux.query_code[:, None, :]]
+    mask_specs = [specs["code"], specs["query_code"]]
     if plan.causal:
-        return [code[:, :, None], positions[:, None, :]], [specs["code"], specs["positions"]]
-    return [code[:, :, None]], [specs["code"]]
+        operands.append(aux.positions[:, None, :])
+        mask_specs.append(specs["positions"])
+    return operands, mask_specs
+
+
+def _prefetched(aux):
+    return aux.key_blocks, aux.query_blocks, aux.params
 
 
 def forward_call(plan: Plan, q, k, v, aux):
     """-> context <dtype>[B, N*D, Qp], stats <float32>[B, N, 2, Qp] (row max, row sum)."""
-    code, positions, needed, params = aux
     specs = _query_major_specs(plan, num_stats=2)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    masks, mask_specs = _mask_operands(plan, specs, aux)
     stats = jax.ShapeDtypeStruct((q.shape[0], plan.num_heads, 2, q.shape[2]), jnp.float32)
     hb = plan.heads_per_block
     call = _pallas(
@@ -133,14 +152,13 @@ def forward_call(plan: Plan, q, k, v, aux):
         ],
         cost=_cost(plan, 2, 1, [q, q, stats], [k, v], plan.num_q_blocks * (plan.num_k_blocks > 1)),
     )
-    return call(needed, params, q, k, v, *masks)
+    return call(*_prefetched(aux), q, k, v, *masks)
 
 
 def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
     """-> dq <dtype>[B, N*D, Qp]; ``stats`` <float32>[B, N, 3, Qp] (max, 1 / sum, di)."""
-    code, positions, needed, params = aux
     specs = _query_major_specs(plan, num_stats=3)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    masks, mask_specs = _mask_operands(plan, specs, aux)
     hb = plan.heads_per_block
     call = _pallas(
         plan,
@@ -161,14 +179,13 @@ def dq_call(plan: Plan, q, k, v, d_context, stats, aux):
             plan.num_q_blocks * (plan.num_k_blocks > 1),
         ),  # fmt: skip
     )
-    return call(needed, params, q, k, v, d_context, stats, *masks)
+    return call(*_prefetched(aux), q, k, v, d_context, stats, *masks)
 
 
 def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
     """-> dk, dv <dtype>[B, N*D, Lp]."""
-    code, positions, needed, params = aux
     specs = _key_major_specs(plan)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    masks, mask_specs = _mask_operands(plan, specs, aux)
     hb = plan.heads_per_block
     call = _pallas(
         plan,
@@ -190,7 +207,7 @@ def dkv_call(plan: Plan, q, k, v, d_context, stats, aux):
             plan.num_k_blocks * (plan.num_q_blocks > 1),
         ),  # fmt: skip
     )
-    return call(needed, params, q, k, v, d_context, stats, *masks)
+    return call(*_prefetched(aux), q, k, v, d_context, stats, *masks)
 
 
 def backward_call(plan: Plan, q, k, v, context, d_context, stats, aux):
@@ -198,9 +215,8 @@ def backward_call(plan: Plan, q, k, v, context, d_context, stats, aux):
     ``stats`` the forward's <float32>[B, N, 2, Qp] (max, sum)."""
     if plan.num_k_blocks != 1:
         raise ValueError(f"backward_call needs one key block, got {plan.num_k_blocks}")
-    code, positions, needed, params = aux
     specs = _key_major_specs(plan)
-    masks, mask_specs = _mask_operands(plan, specs, code, positions)
+    masks, mask_specs = _mask_operands(plan, specs, aux)
     hb = plan.heads_per_block
     q_spec = pl.BlockSpec((1, plan.width, plan.block_q), lambda b, h, kj, qi, *_: (b, h, qi))
     stats_spec = pl.BlockSpec((1, hb, 2, plan.block_q), lambda b, h, kj, qi, *_: (b, h, 0, qi))
@@ -221,4 +237,4 @@ def backward_call(plan: Plan, q, k, v, context, d_context, stats, aux):
         ],
         cost=_cost(plan, 5, 1, [q, k, v, context, d_context, stats, q, k, v], [], 1),
     )
-    return call(needed, params, q, k, v, context, d_context, stats, *masks)
+    return call(*_prefetched(aux), q, k, v, context, d_context, stats, *masks)

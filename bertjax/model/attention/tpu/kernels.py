@@ -10,10 +10,11 @@ stats are then [1, bq] rows, the layout they have in HBM, and every product is a
 last-dims-contracting MXU matmul except the two that contract D (s and dP, [D, bk]^T x [D, bq]).
 
 Per tile every kernel recomputes the probabilities and the dropout mask of the (query, key)
-pairs it owns, with the tile math of ``attention/common.py``. Scalar-prefetched operands: ``needed``
-and ``params`` (``common.kernel_inputs``). Forward and backward visit the same (query block,
-key block) pairs, so a recomputed ``s - m`` is never positive. With a single key block
-(``backward_kernel``) every pair is visited.
+pairs it owns, with the tile math of ``attention/common.py``. Scalar-prefetched operands:
+``key_blocks``, ``query_blocks`` and ``params`` (``common.kernel_inputs``); a step runs when its
+key block is in its query block's ``key_blocks`` range. Forward and backward visit the same
+(query block, key block) pairs, so a recomputed ``s - m`` is never positive. With a single key
+block (``backward_kernel``) every pair is visited.
 """
 
 from __future__ import annotations
@@ -64,19 +65,26 @@ def _iota(shape, dim, start):
 
 
 def _unpack(refs, plan: Plan, num_inputs: int):
-    """Split refs into (inputs, positions or None, the rest) around the optional positions."""
+    """Split refs into (inputs, positions or None, the rest) around the optional positions;
+    ``inputs`` end with the key and query codes."""
     inputs, rest = refs[:num_inputs], refs[num_inputs:]
     if plan.causal:
         return inputs, rest[0], rest[1:]
     return inputs, None, rest
 
 
-def _tile(plan: Plan, code_ref, pos_ref, qi, kj):
+def _visits(plan: Plan, key_blocks, b, qi, kj):
+    """Whether query block ``qi`` of example ``b`` visits key block ``kj``."""
+    at = 2 * (b * plan.num_q_blocks + qi)
+    return (key_blocks[at] <= kj) & (kj < key_blocks[at + 1])
+
+
+def _tile(plan: Plan, code_ref, query_code_ref, pos_ref, qi, kj):
     """(bias [bk, bq], key indices [bk, 1], query indices [1, bq]) of tile (qi, kj)."""
     keys = _iota((plan.block_k, 1), 0, kj * plan.block_k)
     queries = _iota((1, plan.block_q), 1, qi * plan.block_q)
     positions = None if pos_ref is None else pos_ref[0]  # [1, bq]
-    return tile_bias(code_ref[0], keys, positions), keys, queries
+    return tile_bias(code_ref[0], query_code_ref[0], keys, positions), keys, queries
 
 
 def _heads(plan: Plan, head_block):
@@ -89,7 +97,8 @@ def _heads(plan: Plan, head_block):
 def forward_kernel(*refs, plan: Plan):
     """Grid (B, N / hb, nq, nk). Online softmax over key blocks; writes the context [W, bq] and
     the per-query max and sum <float32>[hb, 2, bq]."""
-    (needed, params, q_ref, k_ref, v_ref, code_ref), pos_ref, rest = _unpack(refs, plan, 6)
+    inputs, pos_ref, rest = _unpack(refs, plan, 8)
+    key_blocks, _, params, q_ref, k_ref, v_ref, code_ref, query_code_ref = inputs
     o_ref, stats_ref, max_scr, sum_scr, acc_scr = rest
     b, head_block, qi, kj = (pl.program_id(i) for i in range(4))
 
@@ -99,9 +108,9 @@ def forward_kernel(*refs, plan: Plan):
         sum_scr[...] = jnp.zeros(sum_scr.shape, jnp.float32)
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    @pl.when(kj < needed[b * plan.num_q_blocks + qi])
+    @pl.when(_visits(plan, key_blocks, b, qi, kj))
     def _step():
-        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        bias, keys, queries = _tile(plan, code_ref, query_code_ref, pos_ref, qi, kj)
         for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
             q, k, v = q_ref[0, rows_of, :], k_ref[0, rows_of, :], v_ref[0, rows_of, :]
             s = tile_scores(k, q, bias)  # [bk, bq]
@@ -142,17 +151,17 @@ def dq_kernel(*refs, plan: Plan):
     """Grid (B, N / hb, nq, nk): dq = sum over key blocks of K dS, dS = P (dropout(dP) - di).
 
     ``stats`` <float32>[hb, 3, bq] holds (max, 1 / sum, di = rowsum(dO * O)) per query."""
-    inputs, pos_ref, (dq_ref, acc_scr) = _unpack(refs, plan, 8)
-    needed, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref = inputs
+    inputs, pos_ref, (dq_ref, acc_scr) = _unpack(refs, plan, 10)
+    key_blocks, _, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref, query_code_ref = inputs
     b, head_block, qi, kj = (pl.program_id(i) for i in range(4))
 
     @pl.when(kj == 0)
     def _init():
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    @pl.when(kj < needed[b * plan.num_q_blocks + qi])
+    @pl.when(_visits(plan, key_blocks, b, qi, kj))
     def _step():
-        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        bias, keys, queries = _tile(plan, code_ref, query_code_ref, pos_ref, qi, kj)
         for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
             refs_at = tuple(r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
             _, _, ds = _probabilities_and_ds(
@@ -167,9 +176,10 @@ def dq_kernel(*refs, plan: Plan):
 
 
 def dkv_kernel(*refs, plan: Plan):
-    """Grid (B, N / hb, nk, nq): dV = sum_q dO dropout(P)^T, dK = sum_q Q dS^T."""
-    inputs, pos_ref, rest = _unpack(refs, plan, 8)
-    needed, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref = inputs
+    """Grid (B, N / hb, nk, nq): dV = sum_q dO dropout(P)^T, dK = sum_q Q dS^T over the query
+    blocks that visit key block kj (the index maps fetch only ``query_blocks``' range)."""
+    inputs, pos_ref, rest = _unpack(refs, plan, 10)
+    key_blocks, _, params, q_ref, k_ref, v_ref, do_ref, stats_ref, code_ref, query_code_ref = inputs
     dk_ref, dv_ref, dk_scr, dv_scr = rest
     b, head_block, kj, qi = (pl.program_id(i) for i in range(4))
 
@@ -178,9 +188,9 @@ def dkv_kernel(*refs, plan: Plan):
         dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
         dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
-    @pl.when(kj < needed[b * plan.num_q_blocks + qi])
+    @pl.when(_visits(plan, key_blocks, b, qi, kj))
     def _step():
-        bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+        bias, keys, queries = _tile(plan, code_ref, query_code_ref, pos_ref, qi, kj)
         for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
             refs_at = tuple(r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
             q, _, _, do = refs_at
@@ -206,8 +216,8 @@ def backward_kernel(*refs, plan: Plan):
     dv in one pass. A query block's dq needs no other key block, so it is written at its step;
     dk and dv accumulate over the query blocks. Reads the forward's (max, sum) <float32>[hb, 2,
     bq] and the context, and computes di = rowsum(dO * O) itself."""
-    inputs, pos_ref, rest = _unpack(refs, plan, 9)
-    _, params, q_ref, k_ref, v_ref, o_ref, do_ref, stats_ref, code_ref = inputs
+    inputs, pos_ref, rest = _unpack(refs, plan, 11)
+    _, _, params, q_ref, k_ref, v_ref, o_ref, do_ref, stats_ref, code_ref, query_code_ref = inputs
     dq_ref, dk_ref, dv_ref, dk_scr, dv_scr = rest
     b, head_block, kj, qi = (pl.program_id(i) for i in range(4))
 
@@ -216,7 +226,7 @@ def backward_kernel(*refs, plan: Plan):
         dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
         dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
-    bias, keys, queries = _tile(plan, code_ref, pos_ref, qi, kj)
+    bias, keys, queries = _tile(plan, code_ref, query_code_ref, pos_ref, qi, kj)
     for h, (head, rows_of) in enumerate(_heads(plan, head_block)):
         q, k, v, do = (r[0, rows_of, :] for r in (q_ref, k_ref, v_ref, do_ref))
         o = o_ref[0, rows_of, :]

@@ -11,10 +11,16 @@ from tests.model.attention.cases import Case
 
 
 @pytest.mark.parametrize(
-    "case", [Case(100, causal=True, rate=0.0, queries=20), Case(64, False, 0.0)]
+    "case",
+    [
+        Case(100, causal=True, rate=0.0, queries=20),
+        Case(64, False, 0.0),
+        Case(100, causal=False, rate=0.0, batch=4, packed=True),  # a [B, 1, Q, L] bias
+        Case(100, causal=True, rate=0.0, queries=20, batch=4, packed=True),
+    ],
 )
 def test_cudnn_wrapper_computes_the_xla_path(case):
-    """The same context, an all-padding example's uniform rows included."""
+    """The same context, an all-padding example's uniform rows and packed rows included."""
     inputs, positions, _ = cases.inputs(case)
     positions = None if positions is None else jnp.asarray(positions)
     got = cudnn.cudnn_attention(*inputs, case.causal, positions, implementation="xla")

@@ -25,6 +25,12 @@ GPU_CASES = [
     Case(200, causal=True, rate=0.1, queries=64, block=16, shuffled=True),
     # Peaked bf16 heads: float32 logits, as the XLA path's (rounded ones would be far off).
     Case(128, causal=True, rate=0.1, dtype="bfloat16", logit_scale=8.0),
+    # Packed rows (sequence ids, instances straddling blocks): key block ranges that start past
+    # block 0, dk/dv over the mirrored query ranges, blocks inside them that add nothing.
+    Case(200, causal=False, rate=0.1, block=32, packed=True),
+    Case(200, causal=True, rate=0.0, block=16, packed=True, batch=4),
+    Case(200, causal=True, rate=0.1, queries=64, block=16, shuffled=True, packed=True, batch=4),
+    Case(200, causal=False, rate=0.1, queries=20, packed=True, batch=4),
 ]
 
 

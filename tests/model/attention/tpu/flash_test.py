@@ -1,9 +1,9 @@
 """The Pallas TPU flash kernel against the XLA path (Pallas interpret mode on CPU; the real TPU
 compiler is tests/commands/compile_test.py; natively on a TPU with
 ``BERTJAX_ATTENTION_TESTS_ON_DEVICE=tpu``: ``cases.interpret``): context and gradients, dropout
-included, on every kind of masked row and block layout; an all-masked row uniform over the keys
-with no score array kept; and under shard_map on 8 fake devices equal to the unsharded
-computation."""
+included, on every kind of masked row and block layout, packed rows too; an all-masked row
+uniform over the keys with no score array kept; and under shard_map on 8 fake devices equal to
+the unsharded computation."""
 
 import functools
 
@@ -32,6 +32,13 @@ FUSED_CASES = [
     Case(230, causal=False, rate=0.1, queries=20, dtype="bfloat16", block=128, block_k=256),
     # Peaked bf16 heads: float32 logits, as the XLA path's (rounded ones would be far off).
     Case(128, causal=True, rate=0.1, dtype="bfloat16", logit_scale=8.0),
+    # Packed rows (sequence ids, instances straddling blocks): block-diagonal attention, key
+    # block ranges that start past block 0, and dk/dv over the mirrored query block ranges.
+    Case(384, causal=False, rate=0.1, block=128, packed=True),
+    Case(384, causal=True, rate=0.0, block=128, packed=True, batch=4),
+    Case(384, causal=True, rate=0.1, queries=40, block=128, packed=True, tpu_interpret=True),
+    Case(384, causal=False, rate=0.0, queries=40, block=128, packed=True, batch=4),
+    Case(256, causal=True, rate=0.1, block=128, block_k=256, packed=True, batch=4),
 ]
 
 
