@@ -33,12 +33,12 @@ def _config(**overrides) -> BertConfig:
                       **overrides)  # fmt: skip
 
 
-def _instances(seed=0):
+def _instances(seed=0, lengths=LENGTHS):
     """One dict per instance of its own length: ids ([CLS]=2 first), segment ids, up to
     PREDICTIONS masked positions (increasing, > 0) with their labels, an NSP label."""
     rng = np.random.default_rng(seed)
     out = []
-    for n in LENGTHS:
+    for n in lengths:
         ids = rng.integers(5, 40, n).astype(np.int32)
         ids[0] = 2
         split = int(rng.integers(2, n - 1))
@@ -76,9 +76,9 @@ def _unpacked(instances) -> dict:
     return batch
 
 
-def _packed(instances) -> dict:
+def _packed(instances, packs=PACKS) -> dict:
     """The packed-row contract, by hand: K instances per row at most, K * PREDICTIONS slots."""
-    rows, predictions = len(PACKS), K * PREDICTIONS
+    rows, predictions = len(packs), K * PREDICTIONS
     batch = {
         "input_ids": np.zeros((rows, LENGTH), np.int32),
         "segment_ids": np.zeros((rows, LENGTH), np.int32),
@@ -92,7 +92,7 @@ def _packed(instances) -> dict:
         "next_sentence_labels": np.zeros((rows, K), np.int32),
         "next_sentence_weights": np.zeros((rows, K), np.float32),
     }
-    for r, pack in enumerate(PACKS):
+    for r, pack in enumerate(packs):
         start = predicted = 0
         for j, i in enumerate(pack):
             inst = instances[i]
@@ -196,3 +196,46 @@ def test_the_step_counts_instances_and_real_tokens():
         counts = step_lib.batch_counts(jax.tree.map(jnp.asarray, batch))
         assert float(counts["instances_sum"]) == len(LENGTHS)
         assert float(counts["tokens_sum"]) == sum(LENGTHS)
+
+
+def _random_packed_batch(rows, seed=0):
+    """``rows`` packed rows of 1-3 random instances (lengths 5-12), each with 1-4 predictions."""
+    rng = np.random.default_rng(seed)
+    lengths, packs = [], []
+    for _ in range(rows):
+        count = int(rng.integers(1, K + 1))
+        packs.append(tuple(range(len(lengths), len(lengths) + count)))
+        lengths += rng.integers(5, 13, count).tolist()
+    return _packed(_instances(seed, tuple(lengths)), tuple(packs))
+
+
+@pytest.mark.parametrize("impl", ["fused", "gpu_interpret"])
+def test_a_packed_step_under_a_mesh_with_the_fused_kernel_equals_xla(impl):
+    """Two sharded train steps on a (2, 2, 2) mesh of packed batches, attention dropout on: the
+    Pallas kernel (interpret mode) as the model dispatches it per (batch, heads) shard, with
+    sequence ids and block ranges, gives XLA's losses and params."""
+    from bertjax.training import sharding as sh  # noqa: PLC0415
+    from configs import base  # noqa: PLC0415
+
+    results = {}
+    for ask in ("xla", impl):
+        config = base.get_config()
+        config.model.update(dict(vocab_size=40, hidden_size=16, num_layers=2, num_heads=4,
+                                 intermediate_size=32, max_position_embeddings=LENGTH,
+                                 attention_impl=ask))  # fmt: skip
+        config.data.update(dict(max_seq_length=LENGTH, max_predictions_per_seq=K * PREDICTIONS,
+                                pack_sequences=True, max_sequences_per_pack=K))  # fmt: skip
+        config.train.global_batch_size = 8
+        config.optimizer.update(dict(learning_rate=1e-2, warmup_steps=1))
+        mesh = sh.create_mesh((2, 2, 2))
+        trainer = objective_lib.build_steps(config, mesh).trainer
+        state = trainer.init_state(jax.random.key(0))
+        losses = []
+        for seed in range(2):
+            batch = sh.make_global_batch(_random_packed_batch(8, seed), mesh)
+            state, metrics = trainer.train_step(state, batch, jax.random.key(1))
+            losses.append(float(metrics["loss_sum"]))
+        results[ask] = losses, jax.tree.map(np.asarray, jax.device_get(state.params))
+    np.testing.assert_allclose(results[impl][0], results["xla"][0], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 results[impl][1], results["xla"][1])  # fmt: skip
