@@ -16,7 +16,7 @@ import pytest
 
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
-from bertjax.model.heads import BertForPreTraining, BertModel
+from bertjax.model.heads import BertForPreTraining
 from bertjax.pretrain import objective as objective_lib
 from bertjax.training import step as step_lib
 
@@ -116,7 +116,8 @@ def _packed(instances, packs=PACKS) -> dict:
 def _params(cfg, seed=0):
     ids = jnp.zeros((1, LENGTH), jnp.int32)
     positions = jnp.zeros((1, PREDICTIONS), jnp.int32)
-    return BertForPreTraining(cfg).init(jax.random.key(seed), ids, ids, ids, positions)["params"]
+    init = jax.jit(lambda key: BertForPreTraining(cfg).init(key, ids, ids, ids, positions))
+    return init(jax.random.key(seed))["params"]
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
@@ -125,31 +126,31 @@ def test_each_packed_instance_gets_its_hidden_states_alone(attention):
     alone in its own row (causal: within the instance), and its pooled [CLS] too."""
     cfg = _config(attention=attention)
     params = _params(cfg)
-    model_params = {"encoder": params["encoder"], "pooler": params["pooler"]}
     instances = _instances()
     alone, packed = _unpacked(instances), _packed(instances)
-    model = BertModel(cfg)
-    ref = model.apply({"params": model_params}, alone["input_ids"], alone["segment_ids"],
-                      alone["input_mask"])  # fmt: skip
-    states = BertEncoder(cfg).apply(
-        {"params": params["encoder"]}, packed["input_ids"], packed["segment_ids"],
-        packed["sequence_ids"], positions=packed["positions"],
-    ).sequence_output  # fmt: skip
+    encode = jax.jit(
+        lambda p, b: BertEncoder(cfg).apply(
+            {"params": p}, b["input_ids"], b["segment_ids"], b.get("sequence_ids", b["input_mask"]),
+            positions=b.get("positions"),
+        ).sequence_output
+    )  # fmt: skip
+    states, ref = encode(params["encoder"], packed), encode(params["encoder"], alone)
     for r, pack in enumerate(PACKS):
         start = 0
         for i in pack:
             n = LENGTHS[i]
             np.testing.assert_allclose(
-                states[r, start : start + n], ref.sequence_output[i, :n], rtol=1e-5, atol=1e-5
+                states[r, start : start + n], ref[i, :n], rtol=1e-5, atol=1e-5
             )
             start += n
-    heads = BertForPreTraining(cfg)
-    logits = heads.apply({"params": params}, *(packed[k] for k in (
-        "input_ids", "segment_ids", "sequence_ids", "masked_lm_positions")),
-        positions=packed["positions"], next_sentence_positions=packed["next_sentence_positions"],
-    ).nsp_logits  # fmt: skip
-    ref_logits = heads.apply({"params": params}, *(alone[k] for k in (
-        "input_ids", "segment_ids", "input_mask", "masked_lm_positions"))).nsp_logits  # fmt: skip
+    nsp_logits = jax.jit(
+        lambda p, b: BertForPreTraining(cfg).apply(
+            {"params": p}, b["input_ids"], b["segment_ids"], b.get("sequence_ids", b["input_mask"]),
+            b["masked_lm_positions"], positions=b.get("positions"),
+            next_sentence_positions=b.get("next_sentence_positions"),
+        ).nsp_logits
+    )  # fmt: skip
+    logits, ref_logits = nsp_logits(params, packed), nsp_logits(params, alone)
     assert logits.shape == (len(PACKS), K, 2)
     for r, pack in enumerate(PACKS):
         for j, i in enumerate(pack):
