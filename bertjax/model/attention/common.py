@@ -172,12 +172,11 @@ def _allowed_spans(plan, code, query_code, positions):
     batch, length = code.shape
     index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), code.shape)
     ids = jnp.clip(code, 0, length)  # [B, Lp]; slot 0 collects masked and padding keys
-    # Each id's first and last key, by a compare-and-reduce over [B, Lp + 1, Lp] that XLA fuses
-    # (no scatter: the TPU compiler serialises segment_min/max's scatters and counts their
-    # bytes once per update).
-    match = ids[:, None, :] == jnp.arange(length + 1, dtype=jnp.int32)[None, :, None]
-    instance_first = jnp.where(match, index[:, None, :], length).min(axis=2)
-    instance_last = jnp.where(match, index[:, None, :], -1).max(axis=2)
+    segments = (jnp.arange(batch)[:, None] * (length + 1) + ids).reshape(-1)
+    bound = lambda reduce: reduce(
+        index.reshape(-1), segments, num_segments=batch * (length + 1)
+    ).reshape(batch, length + 1)
+    instance_first, instance_last = bound(jax.ops.segment_min), bound(jax.ops.segment_max)
     real = jnp.where(code > 0, index, -1)
     first_real = jnp.where(code > 0, index, length).min(axis=1, keepdims=True)
     last_real = jnp.broadcast_to(real.max(axis=1, keepdims=True), positions.shape)
