@@ -369,6 +369,14 @@ class ManifestSealer:
         self._raise_error()
         self._queue.put(int(step))
 
+    def wait_sealed(self) -> None:
+        """Waits until every submitted step is sealed (or given up), then raises a sealing error.
+        Called before each new save: orbax's ``max_to_keep`` deletes the oldest step when a save
+        starts, so the steps it keeps must already be sealed, or a run killed while a seal hangs
+        would leave no step that verifies."""
+        self._queue.join()
+        self._raise_error()
+
     def close(self) -> None:
         """Waits for the queued steps (call after ``manager.wait_until_finished()``)."""
         self._closing.set()
@@ -382,11 +390,16 @@ class ManifestSealer:
             raise error
 
     def _run(self) -> None:
-        while (step := self._queue.get()) is not None:
+        while True:
+            step = self._queue.get()
             try:
+                if step is None:
+                    return
                 self._seal(step)
-            except BaseException as e:  # surfaced by the next submit() or close()
+            except BaseException as e:  # surfaced by the next submit(), wait_sealed() or close()
                 self._error = self._error or e
+            finally:
+                self._queue.task_done()
 
     def _seal(self, step: int) -> None:
         step_dir = self._root / str(step)

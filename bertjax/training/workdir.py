@@ -290,6 +290,8 @@ class Checkpoints:
         with self._failures():
             self.manager.wait_until_finished()  # the previous save: its bytes are on disk
             self.manager.check_for_errors()
+            if self.sealer:  # and sealed, before max_to_keep may delete an older sealed step
+                self.sealer.wait_sealed()
         self._check_space(step, state)
         with self._failures():
             saved = self.manager.save(int(step), args=_composite(state, rng_data, meta))
