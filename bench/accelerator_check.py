@@ -58,12 +58,14 @@ SELF_CHECK_SHAPES = [
     (128, "float32", False), (128, "bfloat16", True), (32, "bfloat16", False),
 ]  # fmt: skip
 TINY_SELF_CHECK_SHAPES = [(32, "float32", False), (32, "bfloat16", True)]
-# name -> model shape and the batches to try, largest first (the first that fits is timed).
+# name -> model shape and the batches to try, largest first (the first that fits is timed). Each
+# try that runs out of memory costs a compile, so the lists start where an 80 GB card fits fp32:
+# 256 x 128 is 32k tokens a step, past where a Hopper's matmuls saturate.
 WORKLOADS = {
     "base128": dict(layers=12, hidden=768, heads=12, ffn=3072, seq=128,
-                    batches=[512, 256, 128, 64, 32, 16], warmup_steps=3, measure_steps=10),
+                    batches=[256, 128, 64, 32, 16], warmup_steps=3, measure_steps=10),
     "large512": dict(layers=24, hidden=1024, heads=16, ffn=4096, seq=512,
-                     batches=[128, 64, 32, 16, 8, 4], warmup_steps=3, measure_steps=10),
+                     batches=[64, 32, 16, 8, 4], warmup_steps=3, measure_steps=10),
 }  # fmt: skip
 TINY_WORKLOADS = {
     "tiny32": dict(layers=1, hidden=32, heads=2, ffn=64, seq=32, vocab_size=1100, n_masked=4,
@@ -97,7 +99,8 @@ def machine() -> dict:
         "peak_bf16_flops": chip.peak_bf16_flops if chip else None,
         "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD").stdout.strip(),
+        # A lent machine gets a copy of the working tree without .git: BERTJAX_COMMIT says it.
+        "commit": git("rev-parse", "HEAD").stdout.strip() or os.environ.get("BERTJAX_COMMIT", ""),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip()),
     }
 
@@ -292,8 +295,9 @@ def _probe(tiny: bool, scratch: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _checks(results: dict, tiny: bool, tiny_steps: int, scratch, timeout: float) -> None:
-    """The sections after the probe, each in child processes, into ``results``."""
+def _checks(results: dict, tiny: bool, tiny_steps: int, scratch, timeout: float, save) -> None:
+    """The sections after the probe, each in child processes, into ``results``; ``save()``
+    after each, so a run stopped part-way (a lease's time limit) keeps what it measured."""
     platform = results["machine"]["platform"]
     family = platform if platform in ("tpu", "gpu") else "tpu"
     selection = [f"tests/model/attention/{family}/flash_test.py", "-k", "equals_xla_path"]
@@ -302,21 +306,24 @@ def _checks(results: dict, tiny: bool, tiny_steps: int, scratch, timeout: float)
     results["device_tests"] = _section(
         "device tests", lambda: device_tests(platform, selection, scratch)
     )
+    save()
     peak = results["machine"]["peak_bf16_flops"]
     workloads = TINY_WORKLOADS if tiny else WORKLOADS
     results["step_times"] = _section(
         "step times", lambda: step_times(workloads, peak, scratch, timeout)
     )
+    save()
     flags = ["--config.train.global_batch_size=8"] if tiny else []  # tiny: a test, not a run
     results["tiny_losses"] = _section(
         "tiny losses", lambda: tiny_losses(tiny_steps, flags, scratch, timeout)
     )
 
 
-def _write(results: dict, out: pathlib.Path) -> pathlib.Path:
-    """``<out>/accelerator_check-<UTC time>-<platform>.{json,md}``; returns the stem."""
+def _write(results: dict, out: pathlib.Path, date: str) -> pathlib.Path:
+    """``<out>/accelerator_check-<UTC time>-<platform>.{json,md}`` (the time the run began);
+    returns the stem. Sections not run yet are absent from both."""
     out.mkdir(parents=True, exist_ok=True)
-    stamp = results["machine"]["date"].replace(":", "").replace("+0000", "Z")
+    stamp = date.replace("+00:00", "Z").replace(":", "")
     stem = out / f"accelerator_check-{stamp}-{results['machine']['platform']}"
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     stem.with_suffix(".md").write_text(accelerator_report.markdown(results))
@@ -346,13 +353,16 @@ def main() -> int:
     tiny_steps = args.tiny_steps or (4 if args.tiny else 300)
     with tempfile.TemporaryDirectory(prefix="accelerator_check.") as scratch:
         results.update(_probe(args.tiny, pathlib.Path(scratch)))
-        _checks(results, args.tiny, tiny_steps, pathlib.Path(scratch), args.timeout)
-    _write(results, pathlib.Path(args.out))
+        began = results["machine"]["date"]
+        save = lambda: _write(results, pathlib.Path(args.out), began)
+        save()
+        _checks(results, args.tiny, tiny_steps, pathlib.Path(scratch), args.timeout, save)
+    save()
     failed = list(accelerator_report.failed(results))
     failed += ["self_check"] * any(
         not r["passed"] for r in accelerator_report.rows(results["self_check"])
     )
-    failed += ["device_tests"] * bool(results["device_tests"].get("returncode"))
+    failed += ["device_tests"] * bool(results.get("device_tests", {}).get("returncode"))
     if failed:
         print(f"accelerator_check: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -20,7 +20,7 @@ def markdown(results: dict) -> str:
     for r in rows(results["self_check"]):
         lines.append(f"| {r['kernel']} | {r['head_dim']} | {r['dtype']} | {r['causal']} | "
                      f"{r['passed']} | {r['describe']} | {r['seconds']} |")  # fmt: skip
-    t = results["device_tests"]
+    t = results.get("device_tests", {"error": "not run"})
     if "error" not in t:
         mode = "natively" if t["native"] else "in interpret mode"
         lines += ["", f"Attention equality tests {mode}: {t['passed']} passed, "
@@ -28,7 +28,7 @@ def markdown(results: dict) -> str:
                   f"({t['seconds']} s)."]  # fmt: skip
     lines += ["", "| workload | impl | batch | step s | seq/s | TFLOP/s | MFU | compile s |"]
     lines.append("|---" * 8 + "|")
-    for r in rows(results["step_times"]):
+    for r in rows(results.get("step_times")):
         if r.get("error"):
             lines.append(f"| {r['workload']} | {r['impl']} | {r['batch']} | {r['error']} |||||")
             continue
@@ -36,13 +36,17 @@ def markdown(results: dict) -> str:
         lines.append(f"| {r['workload']} | {r['impl']} | {r['batch']} | {r['step_s_median']:.4f} "
                      f"| {r['sequences_per_s']:.1f} | {r['achieved_flops_per_s'] / 1e12:.2f} | "
                      f"{mfu} | {r['compile_s']:.1f} |")  # fmt: skip
-    tiny = results["tiny_losses"]
+    tiny = results.get("tiny_losses", {"error": "not run"})
     if "error" not in tiny:
         lines += ["", "| tiny.py step | loss on device | loss on CPU |", "|---|---|---|"]
         for step, device, cpu in zip(tiny["steps"], tiny["device"], tiny["cpu"], strict=True):
             lines.append(f"| {step} | {device:.4f} | {cpu:.4f} |")
     errors = [f"- failed: {k}: {v['error']}" for k, v in failed(results).items()]
+    errors += [f"- not run (yet): {k}" for k in SECTIONS if k not in results]
     return "\n".join(lines + [""] + errors) + "\n"
+
+
+SECTIONS = ("self_check", "device_tests", "step_times", "tiny_losses")  # in the order they run
 
 
 def failed(results: dict) -> dict:
