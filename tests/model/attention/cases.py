@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.model import attention
+from bertjax.model.attention import self_check
 
 SEED = np.array([0x12345678, 0x9ABCDEF0], np.uint32)
 # 'tpu' or 'gpu': that family's kernel tests run natively (interpret=False) when JAX's default
@@ -146,13 +147,22 @@ def assert_close(got, want):
         np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5, atol=1e-5 * scale)
 
 
-def assert_matches_xla(case: Case, fused_fn, inputs, positions, cotangent):
-    """Context and gradients of ``fused_fn`` equal the XLA path's: within float32 rounding, or
-    in bfloat16 as close to the float32 truth as the XLA path itself is."""
+def assert_matches_xla(case: Case, fused_fn, inputs, positions, cotangent, native=None):
+    """Context and gradients of ``fused_fn`` equal the XLA path's.
+
+    In Pallas interpret mode (``native`` False; by default, unless ``ON_DEVICE`` is set) float32
+    is held within float32 rounding: the interpreter computes as XLA:CPU does. Natively on a GPU
+    or TPU, and in bfloat16 everywhere, both paths are held to the float32 truth (the XLA path on
+    float32 inputs at the highest matmul precision) by the self-check's rule
+    (``bertjax.model.attention.self_check``): ``|fused - truth| <= 2 |xla - truth| + floor * s``,
+    since on the device float32 dots run as the platform's default precision has them (TF32 on
+    an NVIDIA GPU: 10 bits of mantissa, 3e-4 apart on the H200, 2026-11-26), in an order the
+    kernel does not share with XLA's fusions."""
+    native = bool(os.environ.get(ON_DEVICE)) if native is None else native
     fused = value_and_grads(fused_fn, inputs, positions, cotangent, seed(case))
     xla = value_and_grads(dispatch(case), inputs, positions, cotangent, seed(case))
     names = ("context", "dq", "dk", "dv")
-    if case.dtype == "float32":
+    if case.dtype == "float32" and not native:
         for name, got, want in zip(
             names, jax.tree.leaves(fused), jax.tree.leaves(xla), strict=True
         ):
@@ -160,10 +170,15 @@ def assert_matches_xla(case: Case, fused_fn, inputs, positions, cotangent):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
         return
     truth_inputs = tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in inputs)
-    truth = value_and_grads(dispatch(case), truth_inputs, positions, cotangent, seed(case))
+    with jax.default_matmul_precision("highest"):
+        truth = value_and_grads(dispatch(case), truth_inputs, positions, cotangent, seed(case))
+    floor = self_check.FLOORS[case.dtype]
     for name, got, ref, want in zip(
         names, jax.tree.leaves(fused), jax.tree.leaves(xla), jax.tree.leaves(truth), strict=True
     ):
         fused_error = float(jnp.abs(got.astype(jnp.float32) - want).max())
         xla_error = float(jnp.abs(ref.astype(jnp.float32) - want).max())
-        assert fused_error <= 1.5 * xla_error + 1e-3 * float(jnp.abs(want).max()), name
+        allowed = 2 * xla_error + floor * float(jnp.abs(want).max())
+        assert fused_error <= allowed, (
+            f"{name}: {fused_error:.3g} from the truth, allowed {allowed:.3g}"
+        )
