@@ -20,6 +20,11 @@ device), each recorded even when another fails:
 Writes ``accelerator_check-<UTC time>-<platform>.json`` (every number) and ``.md`` (the tables)
 to ``--out`` (default bench/results/), each with the machine, the date and the commit.
 
+``--sections`` and ``--workloads`` pick a part (all of it took over 9 minutes on an H200 on
+2026-11-26, most of it one compile per harness process: about 90 s each, six of them), so that a
+short lease can run it in pieces; a part not run is listed as such. ``tiny_losses`` needs
+TensorFlow (the data pipeline): a lent machine without it fails that section alone.
+
 ``--tiny`` is the CPU smoke mode the suite runs (tests/bench/accelerator_check_test.py): two
 self-check shapes, one interpret-mode equality case, a one-layer model for a few steps, four
 tiny.py steps at batch 8. Its numbers only show that the check works: they are never timings.
@@ -282,12 +287,13 @@ def _section(name: str, run) -> dict | list:
     return result
 
 
-def _probe(tiny: bool, scratch: pathlib.Path) -> dict:
+def _probe(tiny: bool, sections: list, scratch: pathlib.Path) -> dict:
     """``machine`` and ``self_check`` from a child process: this one never holds the device, so
     the children after it can (a TPU takes one process at a time; a GPU process keeps what its
     allocator took)."""
     path = scratch / "probe.json"
-    command = [sys.executable, __file__, f"--probe={path}", *(["--tiny"] if tiny else [])]
+    command = [sys.executable, __file__, f"--probe={path}", f"--sections={','.join(sections)}"]
+    command += ["--tiny"] * tiny
     result = subprocess.run(command, capture_output=True, text=True)
     print(result.stdout, end="", flush=True)
     if result.returncode != 0 or not path.exists():
@@ -295,28 +301,33 @@ def _probe(tiny: bool, scratch: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _checks(results: dict, tiny: bool, tiny_steps: int, scratch, timeout: float, save) -> None:
-    """The sections after the probe, each in child processes, into ``results``; ``save()``
+def _checks(results: dict, args, scratch, save) -> None:
+    """``args.sections`` after the probe, each in child processes, into ``results``; ``save()``
     after each, so a run stopped part-way (a lease's time limit) keeps what it measured."""
+    tiny, sections, timeout = args.tiny, args.sections, args.timeout
     platform = results["machine"]["platform"]
     family = platform if platform in ("tpu", "gpu") else "tpu"
     selection = [f"tests/model/attention/{family}/flash_test.py", "-k", "equals_xla_path"]
     if tiny:  # one interpret-mode case (float32, length 128, no dropout; not the packed 384s)
         selection[-1] += " and 0.0 and not 200 and not 384"
-    results["device_tests"] = _section(
-        "device tests", lambda: device_tests(platform, selection, scratch)
-    )
-    save()
+    if "device_tests" in sections:
+        results["device_tests"] = _section(
+            "device tests", lambda: device_tests(platform, selection, scratch)
+        )
+        save()
     peak = results["machine"]["peak_bf16_flops"]
     workloads = TINY_WORKLOADS if tiny else WORKLOADS
-    results["step_times"] = _section(
-        "step times", lambda: step_times(workloads, peak, scratch, timeout)
-    )
-    save()
+    workloads = {k: v for k, v in workloads.items() if not args.workloads or k in args.workloads}
+    if "step_times" in sections:
+        results["step_times"] = _section(
+            "step times", lambda: step_times(workloads, peak, scratch, timeout)
+        )
+        save()
     flags = ["--config.train.global_batch_size=8"] if tiny else []  # tiny: a test, not a run
-    results["tiny_losses"] = _section(
-        "tiny losses", lambda: tiny_losses(tiny_steps, flags, scratch, timeout)
-    )
+    if "tiny_losses" in sections:
+        results["tiny_losses"] = _section(
+            "tiny losses", lambda: tiny_losses(args.tiny_steps, flags, scratch, timeout)
+        )
 
 
 def _write(results: dict, out: pathlib.Path, date: str) -> pathlib.Path:
@@ -337,30 +348,43 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="the CPU smoke mode (module docstring)")
     parser.add_argument("--tiny_steps", type=int, help="configs/tiny.py steps (300; tiny: 4)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per subprocess")
+    parser.add_argument(
+        "--sections", default=",".join(accelerator_report.SECTIONS),
+        help="comma-separated, of " + ",".join(accelerator_report.SECTIONS) + " (default all: "
+        "about 12 minutes on an H200, 2026-11-26; split them where a lease is shorter)",
+    )  # fmt: skip
+    parser.add_argument("--workloads", default="", help="step_times' workloads (default all)")
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # the child of _probe: its JSON file
     args = parser.parse_args()
+    args.sections = [s for s in args.sections.split(",") if s]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(args.sections) - set(accelerator_report.SECTIONS)
+    unknown |= set(args.workloads) - set(TINY_WORKLOADS if args.tiny else WORKLOADS)
+    if unknown:
+        parser.error(f"unknown sections or workloads: {', '.join(sorted(unknown))}")
+    args.tiny_steps = args.tiny_steps or (4 if args.tiny else 300)
     shapes = TINY_SELF_CHECK_SHAPES if args.tiny else SELF_CHECK_SHAPES
     if args.probe:
         probed = {"machine": machine()}
         platform = probed["machine"]["platform"]
-        probed["self_check"] = _section("self-check", lambda: self_check(platform, shapes))
+        if "self_check" in args.sections:
+            probed["self_check"] = _section("self-check", lambda: self_check(platform, shapes))
         pathlib.Path(args.probe).write_text(json.dumps(probed, default=float))
         return 0
     if not (PEERS / "common.py").exists():
         print(f"accelerator_check: no peers harness at {PEERS} (set PEERS)", file=sys.stderr)
         return 2
     results = {"mode": "tiny" if args.tiny else "full"}
-    tiny_steps = args.tiny_steps or (4 if args.tiny else 300)
     with tempfile.TemporaryDirectory(prefix="accelerator_check.") as scratch:
-        results.update(_probe(args.tiny, pathlib.Path(scratch)))
+        results.update(_probe(args.tiny, args.sections, pathlib.Path(scratch)))
         began = results["machine"]["date"]
         save = lambda: _write(results, pathlib.Path(args.out), began)
         save()
-        _checks(results, args.tiny, tiny_steps, pathlib.Path(scratch), args.timeout, save)
+        _checks(results, args, pathlib.Path(scratch), save)
     save()
     failed = list(accelerator_report.failed(results))
     failed += ["self_check"] * any(
-        not r["passed"] for r in accelerator_report.rows(results["self_check"])
+        not r["passed"] for r in accelerator_report.rows(results.get("self_check"))
     )
     failed += ["device_tests"] * bool(results.get("device_tests", {}).get("returncode"))
     if failed:
