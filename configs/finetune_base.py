@@ -38,8 +38,12 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.model.attention_check = True  # the fused kernel's self-check (see configs/base.py)
 
     config.max_seq_length = 128
-    config.batch_size = 32  # global train batch (paper: 32)
+    config.batch_size = 32  # global train batch in examples (paper: 32)
     config.eval_batch_size = 64
+    # Sequence packing (bertjax/finetune/packed.py): GLUE and NER put up to max_sequences_per_pack
+    # examples in a row, each attending only to itself; batch sizes still count examples.
+    config.pack_sequences = False
+    config.max_sequences_per_pack = 8
     config.num_train_epochs = 3.0
     config.learning_rate = 2e-5  # paper: best of {5e-5, 4e-5, 3e-5, 2e-5} on dev (see sweep)
     config.warmup_proportion = 0.1  # linear warmup over this fraction of the steps

@@ -2,7 +2,8 @@
 
 ``prepare`` reads the pretrained checkpoint (any format ``bertjax.interop`` reads) and builds the
 task and its tokenizer; ``Data`` reads and featurizes each split once; ``init_params`` adds fresh
-heads to the pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch.
+heads to the pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch
+(of features, or of packed rows: ``bertjax.finetune.packed``).
 The feature arrays' layout is ``bertjax.finetune.tasks``' docstring.
 """
 
@@ -122,7 +123,8 @@ def train_batches(
                 began = time.thread_time()
                 index = order[i * batch_size : (i + 1) * batch_size][mine]
                 batch = {k: v[index] for k, v in features.arrays.items()}
-                batch["example_weights"] = np.ones((rows,), np.float32)
+                if "example_weights" not in batch:  # packed rows carry theirs, [rows, K]
+                    batch["example_weights"] = np.ones((rows,), np.float32)
                 # The batch contract's host work (bertjax.data.pipeline): tokenizing was done
                 # once, before training, so a batch costs only this gather.
                 batch[HOST_SECONDS] = np.float32(time.thread_time() - began)

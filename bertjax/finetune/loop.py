@@ -49,7 +49,7 @@ import ml_collections
 import numpy as np
 
 from bertjax import atomic
-from bertjax.finetune import inputs
+from bertjax.finetune import inputs, packed
 from bertjax.finetune.objective import Predictor, build_model, model_input_specs, objective_for
 from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint, compiled, metrics, optimizer
@@ -70,7 +70,33 @@ def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int
         "batch_size": int(config.batch_size),
         "max_seq_length": int(config.max_seq_length),
         "num_steps": int(num_steps),
+        # Only when packed: the workdirs of unpacked runs resume as before.
+        **({"max_sequences_per_pack": _pack_width(config)} if _pack_width(config) else {}),
     }
+
+
+def _pack_width(config) -> int:
+    """K of packed rows (``bertjax.finetune.packed``), or 0 unpacked."""
+    return int(config.max_sequences_per_pack) if config.get("pack_sequences", False) else 0
+
+
+def _packed_batches(config, mesh, train: packed.Packed):
+    """``config`` with ``batch_size`` and ``eval_batch_size`` in rows (``packed.rows_per_batch``
+    at the train split's examples per row); prints them once."""
+    multiple = packed.multiple_of(sh.num_batch_shards(mesh), jax.process_count())
+    resolved = config.copy_and_resolve_references()
+    per_row = train.examples_per_row
+    for field in ("batch_size", "eval_batch_size"):
+        resolved[field] = packed.rows_per_batch(int(config[field]), per_row, multiple)
+    if jax.process_index() == 0:
+        print(
+            f"packing: {per_row:.3f} examples per row on average ({train.num_features} in "
+            f"{len(train.rows)} rows): batch_size={config.batch_size} examples -> "
+            f"{resolved.batch_size} rows per step, eval_batch_size={config.eval_batch_size} -> "
+            f"{resolved.eval_batch_size} rows",
+            flush=True,
+        )
+    return resolved
 
 
 def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
@@ -112,7 +138,9 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     verified checkpoint of the same run (``_run_signature``).
 
     Steps = features / batch_size * epochs (for SQuAD a feature is a doc-stride window), warmup
-    over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py.
+    over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py. With
+    ``config.pack_sequences`` the features are packed rows (``bertjax.finetune.packed``) and
+    ``config``'s batch sizes count rows (``_packed_batches``).
     """
     mesh = sh.create_mesh(config.mesh.shape, devices)
     _check_batches(config, mesh)
@@ -121,12 +149,14 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     opt_config.learning_rate = float(learning_rate)
     opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
     example = train_features.arrays
-    objective = objective_for(task, model, example, mesh)
+    objective = objective_for(task, model, example, mesh, _pack_width(config))
     train_batch = {
         k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
         for k, v in example.items()
     }
-    train_batch["example_weights"] = jax.ShapeDtypeStruct((config.batch_size,), np.float32)
+    train_batch.setdefault(
+        "example_weights", jax.ShapeDtypeStruct((config.batch_size,), np.float32)
+    )
     trainer = compiled.build_trainer(
         objective,
         optimizer.create_optimizer(opt_config, num_steps),
@@ -251,20 +281,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
     params = inputs.init_params(
         model, pretrained, train_features.arrays, jax.random.key(config.seed)
     )
+    run_config, train_rows = pack_train(config, task, train_features)
     fitted = fit(
-        config, task, model, params, train_features, workdir=workdir,
+        run_config, task, model, params, train_rows, workdir=workdir,
         learning_rate=config.learning_rate, seed=config.seed, bert_config=bert_config,
         vocab_file=vocab_file, lower=lower,
     )  # fmt: skip
     if fitted.stopped:
         print(f"stopped: rerun the same command to resume in {workdir}", flush=True)
         return {"stopped": True}
-    predictor = Predictor(
-        objective_for(task, model, train_features.arrays, fitted.mesh),
-        fitted.mesh,
-        config.mesh.rules,
-        config.eval_batch_size,
-    )
+    predictor = predictor_for(run_config, task, model, train_features.arrays, fitted.mesh)
     with staged_outputs(workdir) as stage:  # checkpoint, predictions, then eval_results.json
         save(stage, fitted.params, bert_config, vocab_file, lower, task)
         out_dir = os.path.join(stage, "predictions")
@@ -288,6 +314,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
     return results
 
 
+def pack_train(config, task, train_features):
+    """(config, the features fit() trains on): unchanged, or with ``config.pack_sequences`` the
+    split packed and the batch sizes in rows (``_packed_batches``)."""
+    packed.check(config, task.head)
+    if not _pack_width(config):
+        return config, train_features
+    rows = packed.pack(train_features, task.head, _pack_width(config))
+    mesh = sh.create_mesh(config.mesh.shape)
+    return _packed_batches(config, mesh, rows), rows.features
+
+
+def predictor_for(run_config, task, model, example: dict, mesh) -> Predictor:
+    """The Predictor of a run (``run_config``: its batch sizes in rows when packed)."""
+    objective = objective_for(task, model, example, mesh, _pack_width(run_config))
+    return Predictor(objective, mesh, run_config.mesh.rules, run_config.eval_batch_size)
+
+
 def _results(config, task, data, dev: dict, final_loss: float) -> dict:
     """What ``eval_results.json`` holds."""
     return {
@@ -300,6 +343,7 @@ def _results(config, task, data, dev: dict, final_loss: float) -> dict:
             "batch_size": config.batch_size,
             "num_train_epochs": config.num_train_epochs,
             "seed": config.seed,
+            "max_sequences_per_pack": _pack_width(config),  # 0: unpacked
         },
     }
 
@@ -325,9 +369,12 @@ def predict(config, workdir: str) -> list[str]:
     params = inputs.init_params(model, params, example, jax.random.key(0))
     mesh = sh.create_mesh(config.mesh.shape)
     _check_batches(config, mesh)
-    predictor = Predictor(
-        objective_for(task, model, example, mesh), mesh, config.mesh.rules, config.eval_batch_size
-    )
+    packed.check(config, task.head)
+    run_config = config
+    if _pack_width(config):  # eval rows at the first split's examples per row
+        first = packed.pack(data.features[splits[0]], task.head, _pack_width(config))
+        run_config = _packed_batches(config, mesh, first)
+    predictor = predictor_for(run_config, task, model, example, mesh)
     # Staged, then merged file by file into workdir/predictions: the train run's dev
     # predictions stay, and a failure leaves the old files (bertjax.atomic.directory).
     with atomic.directory(os.path.join(workdir, "predictions")) as stage:

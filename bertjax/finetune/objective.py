@@ -9,11 +9,14 @@ Losses (``task_loss``) are those of run_classifier.py / run_squad.py, as sums ov
 examples divided by a count over the whole global batch (so accumulation gives the same update):
 softmax cross entropy per example (classification, multiple choice), squared error (regression),
 the mean of the start and end cross entropies (spans), cross entropy per first word piece
-(tagging). Padded examples carry ``example_weights`` 0.
+(tagging). Padded examples carry ``example_weights`` 0. Packed rows (``bertjax.finetune.packed``:
+``FineTuning.packed``) carry ``example_weights`` <float32>[B, K], one per example, and give the
+same sums over the same examples.
 
 :class:`Predictor` runs the model over every feature of a split, in order: every process holds the
 whole (small) split and places only the shards of its own devices
-(``bertjax.training.sharding.put_global``).
+(``bertjax.training.sharding.put_global``); with packing it packs the split, runs the rows and
+unpacks the outputs, so the tasks' metrics and predictions read the unpacked layout.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.finetune import packed as packed_lib
 from bertjax.model import heads, losses
 from bertjax.model.config import BertConfig
 from bertjax.training import compiled
@@ -54,25 +58,34 @@ def task_loss(head: str, logits: jax.Array, batch: dict) -> tuple[jax.Array, jax
     """(loss sum, weight sum) of one batch; padded examples have ``example_weights`` 0."""
     weights = batch["example_weights"]
     if head == "regression":
-        return jnp.sum(weights * (logits[:, 0] - batch["label_ids"]) ** 2), jnp.sum(weights)
+        return jnp.sum(weights * (logits[..., 0] - batch["label_ids"]) ** 2), jnp.sum(weights)
     if head == "span":
         start = losses.weighted_cross_entropy(logits[..., 0], batch["start_positions"], weights)
         end = losses.weighted_cross_entropy(logits[..., 1], batch["end_positions"], weights)
         return (start["loss_sum"] + end["loss_sum"]) / 2, start["weight_sum"]
     if head == "tagging":
-        token_weights = batch["label_weights"] * weights[:, None]
+        token_weights = _token_weights(batch)
         sums = losses.weighted_cross_entropy(logits, batch["label_ids"], token_weights)
         return sums["loss_sum"], sums["weight_sum"]
     sums = losses.weighted_cross_entropy(logits, batch["label_ids"], weights)
     return sums["loss_sum"], sums["weight_sum"]
 
 
+def _token_weights(batch: dict) -> jax.Array:
+    """Tagging's weights per token: ``label_weights`` times its example's weight (in a packed row,
+    the weight of the slot its ``sequence_ids`` names)."""
+    weights = batch["example_weights"].astype(jnp.float32)
+    if "sequence_ids" in batch:  # [B, K] -> [B, L]: slot 0 is padding, weight 0
+        slots = jnp.concatenate([jnp.zeros_like(weights[:, :1]), weights], axis=1)
+        return batch["label_weights"] * jnp.take_along_axis(slots, batch["sequence_ids"], axis=1)
+    return batch["label_weights"] * weights[:, None]
+
+
 def _task_weights(head: str, batch: dict) -> jax.Array:
     """What ``task_loss`` counts: examples, or labelled first word pieces for tagging."""
-    weights = batch["example_weights"].astype(jnp.float32)
     if head == "tagging":
-        return batch["label_weights"] * weights[:, None]
-    return weights
+        return _token_weights(batch)
+    return batch["example_weights"].astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +95,12 @@ class FineTuning:
     model: nn.Module
     head: str
     input_shape: tuple[int, ...]  # one example's input_ids shape: (L,) or (choices, L)
+    packed: int = 0  # K of packed rows (bertjax.finetune.packed); 0: one example per row
+
+    @property
+    def input_keys(self) -> tuple[str, ...]:
+        """The batch features the model reads."""
+        return MODEL_INPUTS + (packed_lib.PACKED_INPUTS if self.packed else ())
 
     def init(self, rng):
         ids = jnp.zeros((1, *self.input_shape), jnp.int32)
@@ -90,13 +109,27 @@ class FineTuning:
     def normalizers(self, batch) -> dict:
         return {"task": jnp.sum(_task_weights(self.head, batch))}
 
-    def sums(self, params, batch, dropout_rng) -> dict:
-        logits = self.model.apply(
+    def logits(self, params, batch, dropout_rng=None) -> jax.Array:
+        """The model's outputs on a batch (dropout with ``dropout_rng``): a packed batch passes
+        its sequence ids as the attention mask, its positions and (sentence heads) [CLS]s."""
+        packed = {}
+        if self.packed:
+            packed["positions"] = batch["positions"]
+            if self.head != "tagging":
+                packed["cls_positions"] = batch["cls_positions"]
+        mask = batch["sequence_ids" if self.packed else "input_mask"]
+        return self.model.apply(
             {"params": params},
-            *(batch[k] for k in MODEL_INPUTS),
+            batch["input_ids"],
+            batch["segment_ids"],
+            mask,
             deterministic=dropout_rng is None,
             rngs=None if dropout_rng is None else {"dropout": dropout_rng},
+            **packed,
         )
+
+    def sums(self, params, batch, dropout_rng) -> dict:
+        logits = self.logits(params, batch, dropout_rng)
         loss_sum, weight_sum = task_loss(self.head, logits, batch)
         return {"task_loss_sum": loss_sum, "task_weight_sum": weight_sum}
 
@@ -104,12 +137,12 @@ class FineTuning:
         return sums["task_loss_sum"] / jnp.maximum(normalizers["task"], 1.0)
 
 
-def objective_for(task, model: nn.Module, example: dict, mesh: Mesh) -> FineTuning:
+def objective_for(task, model: nn.Module, example: dict, mesh: Mesh, packed: int = 0) -> FineTuning:
     """``task``'s objective on ``mesh``: the model's config fitted to the mesh's platform
     (``sharding.bert_config_for``: the attention kernel, the CPU forms); ``example``: feature
-    arrays (their shapes fix the inputs')."""
+    arrays (their shapes fix the inputs'); ``packed``: K of packed rows, or 0."""
     model = model.clone(config=sh.bert_config_for(model.config, mesh))
-    return FineTuning(model, task.head, tuple(example["input_ids"].shape[1:]))
+    return FineTuning(model, task.head, tuple(example["input_ids"].shape[1:]), int(packed))
 
 
 class Predictor:
@@ -131,12 +164,10 @@ class Predictor:
 
     def _forward(self, ndim: int) -> compiled.OnMesh:
         if ndim not in self._logits:
-            model = self.objective.model
-            inputs = {k: sh.batch_sharding(self.mesh, ndim) for k in MODEL_INPUTS}
+            objective = self.objective
+            inputs = {k: sh.batch_sharding(self.mesh, ndim) for k in objective.input_keys}
             jitted = jax.jit(
-                lambda params, batch: model.apply(
-                    {"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True
-                ),
+                lambda params, batch: objective.logits(params, batch),
                 in_shardings=(self.param_shardings, inputs),
                 out_shardings=NamedSharding(self.mesh, PartitionSpec()),
             )
@@ -144,13 +175,23 @@ class Predictor:
         return self._logits[ndim]
 
     def logits(self, params, features) -> np.ndarray:
-        """Model outputs for every feature, in order: <float32>[N, ...]."""
+        """Model outputs for every feature, in order: <float32>[N, ...]. With packing, of the
+        split packed (``eval_batch_size`` then counts rows), unpacked to the same layout."""
+        if self.objective.packed:
+            rows = packed_lib.pack(features, self.objective.head, self.objective.packed)
+            outputs = self._run(params, rows.features)
+            return packed_lib.unpack(
+                self.objective.head, outputs, rows, self.objective.input_shape[-1]
+            )
+        return self._run(params, features)
+
+    def _run(self, params, features) -> np.ndarray:
         params = self.place(params)
         ndim = features.arrays["input_ids"].ndim
         forward, sharding = self._forward(ndim), sh.batch_sharding(self.mesh, ndim)
         size, outputs = self.batch_size, []
         for start in range(0, len(features), size):
-            rows = {k: features.arrays[k][start : start + size] for k in MODEL_INPUTS}
+            rows = {k: features.arrays[k][start : start + size] for k in self.objective.input_keys}
             real = len(rows["input_ids"])
             batch = {k: sh.put_global(_pad_rows(v, size), sharding) for k, v in rows.items()}
             outputs.append(np.asarray(forward(params, batch))[:real])

@@ -41,6 +41,7 @@ def sweep(config, workdir: str) -> dict:
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
     model = objective_lib.build_model(task, bert_config)
     train_features = data.features[task.train_split]
+    run_config, train_rows = T.pack_train(config, task, train_features)
     rows, best, best_params, predictor = [], -1, None, None
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
@@ -49,7 +50,7 @@ def sweep(config, workdir: str) -> dict:
                 model, pretrained, train_features.arrays, jax.random.key(seed)
             )
             fitted = T.fit(
-                config, task, model, params, train_features,
+                run_config, task, model, params, train_rows,
                 workdir=os.path.join(workdir, RUNS_DIR, f"lr{learning_rate:g}_seed{seed}"),
                 learning_rate=learning_rate, seed=seed, bert_config=bert_config,
                 vocab_file=vocab_file, lower=lower,
@@ -58,11 +59,8 @@ def sweep(config, workdir: str) -> dict:
                 print(f"stopped: rerun the same command to resume the sweep in {workdir}")
                 return {"stopped": True}
             if predictor is None:
-                objective = objective_lib.objective_for(
-                    task, model, train_features.arrays, fitted.mesh
-                )
-                predictor = objective_lib.Predictor(
-                    objective, fitted.mesh, config.mesh.rules, config.eval_batch_size
+                predictor = T.predictor_for(
+                    run_config, task, model, train_features.arrays, fitted.mesh
                 )
             dev = T.evaluate_and_write(
                 predictor, task, fitted.params, data, task.dev_splits, out_dir=None

@@ -203,12 +203,31 @@ class BertForSequenceClassification(nn.Module):
         self.pooler = Pooler(self.config, name="pooler")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
 
-    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
-        """<int32>[B, L] x3 -> <float32>[B, num_labels]."""
-        sequence_output = self.encoder(
-            input_ids, segment_ids, input_mask, deterministic=deterministic
-        ).sequence_output
-        return self.classifier(self.pooler(sequence_output), deterministic)
+    def __call__(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        *,
+        deterministic: bool = True,
+        positions=None,
+        cls_positions=None,
+    ):
+        """<int32>[B, L] x3 -> <float32>[B, num_labels].
+
+        Packed rows (``bertjax.finetune.packed``) pass their ``sequence_ids`` as ``input_mask``,
+        their ``positions`` and ``cls_positions`` <int32>[B, K], the examples' [CLS] positions:
+        the last layer runs there only and the output is <float32>[B, K, num_labels]."""
+        if cls_positions is None:
+            sequence_output = self.encoder(
+                input_ids, segment_ids, input_mask, deterministic=deterministic
+            ).sequence_output
+            return self.classifier(self.pooler(sequence_output), deterministic)
+        read = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic,
+            output_positions=cls_positions, positions=positions,
+        ).sequence_output  # fmt: skip
+        return self.classifier(self.pooler(read, each=True), deterministic)
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -237,9 +256,13 @@ class BertForTokenClassification(nn.Module):
         self.encoder = BertEncoder(self.config, name="encoder")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
 
-    def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
+    def __call__(
+        self, input_ids, segment_ids, input_mask, *, deterministic: bool = True, positions=None
+    ):
+        """<int32>[B, L] x3 -> <float32>[B, L, num_labels]; packed rows pass their
+        ``sequence_ids`` as ``input_mask`` and their ``positions``."""
         sequence_output = self.encoder(
-            input_ids, segment_ids, input_mask, deterministic=deterministic
+            input_ids, segment_ids, input_mask, deterministic=deterministic, positions=positions
         ).sequence_output
         return self.classifier(sequence_output, deterministic)
 

@@ -12,7 +12,7 @@ Step contract::
   objective's sums plus ``loss_sum`` (this update's loss), ``steps`` (1), ``grad_norm_sum``,
   ``learning_rate`` (the rate this update used), ``nonfinite`` (1 for a NaN/Inf loss or
   gradient norm), ``instances_sum`` (the batch's instances: a packed batch's
-  ``next_sentence_weights`` summed, else its rows) and ``tokens_sum`` (its real tokens:
+  largest ``sequence_ids`` per row summed, else its rows) and ``tokens_sum`` (its real tokens:
   ``input_mask`` != 0), so the log counts what was learned from, not the slots computed.
 
 What differs between pretraining and fine-tuning is an :class:`Objective`: the model and its
@@ -147,8 +147,8 @@ def train_step(
 
 def batch_counts(batch) -> dict:
     """``instances_sum`` and ``tokens_sum`` of a global batch (the module docstring)."""
-    if "next_sentence_weights" in batch:  # packed rows (bertjax.data.pipeline)
-        instances = jnp.sum(batch["next_sentence_weights"].astype(jnp.float32))
+    if "sequence_ids" in batch:  # packed rows (pretraining's and fine-tuning's): ids 1..k
+        instances = jnp.sum(jnp.max(batch["sequence_ids"], axis=-1).astype(jnp.float32))
     else:
         instances = jnp.asarray(batch["input_mask"].shape[0], jnp.float32)
     tokens = jnp.sum((batch["input_mask"] != 0).astype(jnp.float32))
