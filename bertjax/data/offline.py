@@ -203,6 +203,20 @@ def _workers(job: Job, num_workers: int):
         yield lambda units: pool.imap(write_unit, units)
 
 
+# A worker's TensorFlow start-up costs about 4 s of CPU; a 1 MiB unit about 0.25 s per dupe on
+# one core. Measured (docs/benchmarks.md, "Offline TFRecords"): 4 MB at dupe_factor 2 (8
+# unit-dupes) ran faster on one worker than on two, 20 MB at 2 (40) faster on two. A worker pays
+# for itself past about 16 unit-dupes (~4 s of work, its start-up's worth).
+_UNIT_DUPES_PER_WORKER = 16
+
+
+def default_workers(num_units: int, dupe_factor: int, cores: int | None = None) -> int:
+    """``--num_workers=0``: one worker per ``_UNIT_DUPES_PER_WORKER`` units x dupe_factor, at
+    least one, at most every core."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores, num_units * int(dupe_factor) // _UNIT_DUPES_PER_WORKER))
+
+
 def _append(source: str, destination) -> None:
     """Appends a scratch TFRecord file to ``destination`` and removes it (TFRecord files are
     self-delimiting records, so concatenated files are one valid file)."""
@@ -223,9 +237,10 @@ def write_tfrecords(
     """Tokenizes, pairs, masks and writes ``paths``; returns the statistics of what was written.
 
     The corpus is cut into work units (``sources.work_units``) that ``num_workers``
-    processes turn into scratch shards; this process appends them to the outputs in unit order
-    (and deletes them), so the output is the same for any ``num_workers``. With local paths
-    this process never imports TensorFlow (seconds of CPU that the workers need).
+    processes (0: ``default_workers``) turn into scratch shards; this process appends them to
+    the outputs in unit order (and deletes them), so the output is the same for any
+    ``num_workers``. With local paths this process never imports TensorFlow (seconds of CPU
+    that the workers need).
     """
     scratch = tempfile.mkdtemp(prefix="bertjax-pretraining-data-")
     job = Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
@@ -235,9 +250,10 @@ def write_tfrecords(
         units = sources.work_units(files, unit_bytes)
         if not units:
             raise DataError(f"data.input_files {files}: no documents (empty input)")
+        workers = num_workers or default_workers(len(units), data_config.dupe_factor)
         # No more processes than units: each costs a TensorFlow start-up (~3-6 s of CPU).
         with (
-            _workers(job, min(num_workers, len(units))) as run_units,
+            _workers(job, min(workers, len(units))) as run_units,
             contextlib.ExitStack() as out,
         ):
             # Each shard lands atomically when every unit is in (bertjax.atomic); after a

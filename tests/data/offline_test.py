@@ -254,3 +254,37 @@ def test_packed_rows_hold_exactly_the_unpacked_instances(packed_and_unpacked):
     assert collections.Counter(map(_key, instances)) == collections.Counter(map(_key, expected))
     counts = collections.Counter(int(row["sequence_ids"].max()) for row in rows)
     assert set(counts) == {1, 2, 3} and len(rows) < 0.9 * len(expected)  # packing saved rows
+
+
+def test_the_command_process_never_imports_tensorflow_for_local_paths(corpus, tmp_path):
+    """The spawned workers import TensorFlow; the command's own process (units, appending) does
+    not, with local paths: ``cli.run(..., tensorflow=False)``."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "train.tfrecord"
+    argv = [
+        "create_pretraining_data", f"--input_file={corpus}", f"--output_file={out}",
+        f"--vocab_file={bundled.VOCAB}", f"--max_seq_length={LENGTH}",
+        f"--max_predictions_per_seq={PREDICTIONS}", "--num_workers=2", "--work_unit_bytes=100000",
+    ]  # fmt: skip
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    runpy.run_module('bertjax.create_pretraining_data', run_name='__main__')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print('exit', code, 'tensorflow', 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert "exit 0 tensorflow False" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    assert out.stat().st_size > 0
+
+
+def test_default_workers_grow_with_the_work_up_to_every_core():
+    from bertjax.data import offline
+
+    assert offline.default_workers(4, 2, cores=2) == 1  # 4 MB at dupe_factor 2: one is faster
+    assert offline.default_workers(20, 2, cores=2) == 2  # 20 MB at 2: two are
+    assert offline.default_workers(4, 10, cores=2) == 2
+    assert offline.default_workers(1000, 10, cores=16) == 16
+    assert offline.default_workers(0, 10, cores=16) == 1
