@@ -2,7 +2,7 @@
 
 The notebook is executed with nbclient in a fresh ``python3`` kernel (ipykernel) from a
 temporary working directory, with ``BERTJAX_NOTEBOOK_SMOKE=1``: its install cell does nothing
-(this environment is installed) and each step is CPU-sized (80 pretraining steps, MiniLM
+(this environment is installed) and each step is CPU-sized (40 pretraining steps, MiniLM
 fine-tuned for one epoch on 512 VADER words). The outputs must show what the notebook promises:
 progress lines, an inline plot, a dev accuracy above the majority class, and a similar sentence
 pair closer than an unrelated one.
@@ -83,9 +83,9 @@ def test_no_accelerator_probe_lines_on_cpu(cells):
 
 def test_pretraining_prints_progress(cells):
     text = _text(cells["pretrain"])
-    steps = [int(s) for s in re.findall(r"^step (\d+)/80 loss ", text, re.MULTILINE)]
-    assert steps == [1, 20, 40, 60, 80], text  # after the first step (compiled), then every 20
-    assert re.search(r"^eval step 80 mlm_loss ", text, re.MULTILINE), text
+    steps = [int(s) for s in re.findall(r"^step (\d+)/40 loss ", text, re.MULTILINE)]
+    assert steps == [1, 10, 20, 30, 40], text  # after the first step (compiled), then every 10
+    assert re.search(r"^eval step 40 mlm_loss ", text, re.MULTILINE), text
     assert "final summary: " in text
 
 

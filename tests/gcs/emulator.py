@@ -22,8 +22,9 @@ The environment (:attr:`Emulator.env`) makes the three clients bertjax uses trus
 throwaway CA and skip authentication, and nothing else: TensorFlow's ``gs://`` filesystem
 (``CURL_CA_BUNDLE``, ``GOOGLE_AUTH_TOKEN_FOR_TESTING``), tensorstore under orbax
 (``TENSORSTORE_CA_BUNDLE``, the same token) and google-cloud-storage (``STORAGE_EMULATOR_HOST``
-pointing at the TLS front, ``REQUESTS_CA_BUNDLE``). TensorFlow's retry delays are lowered
-(tests only: ``GCS_RETRY_CONFIG_*``; the libraries' defaults hold everywhere else).
+pointing at the TLS front, ``REQUESTS_CA_BUNDLE``). TensorFlow's and tensorstore's retry delays
+are lowered to 10-100 ms (tests only: ``GCS_RETRY_CONFIG_*``, and ``site/sitecustomize.py`` on
+``PYTHONPATH`` for orbax's tensorstore contexts; the libraries' defaults hold everywhere else).
 
 The holder dies with the thread that started it (``PR_SET_PDEATHSIG``, set by ``setpriv``), the
 emulator with the holder (the same, by ctypes); :meth:`stop` kills the holder by pid.
@@ -42,6 +43,7 @@ import subprocess
 import sys
 
 HOLDER = pathlib.Path(__file__).with_name("holder.py")
+SITE = pathlib.Path(__file__).with_name("site")  # its sitecustomize: tensorstore's retry delays
 HOSTS = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
 ENDPOINT = "https://storage.googleapis.com"
 
@@ -132,7 +134,7 @@ class Emulator:
             # TensorFlow retries 10 times from 1 s, doubling to 32 s; tests wait 10-100 ms.
             "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "10000",
             "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "100000",
-        }
+        }  # tensorstore's delays, which no variable sets: site/sitecustomize.py (on PYTHONPATH)
         self._log_offset = 0
 
     @classmethod
@@ -177,7 +179,9 @@ class Emulator:
     # ------------------------------------------------------------ running code inside
 
     def environ(self, base: dict | None = None) -> dict:
-        return {**(os.environ if base is None else base), **self.env}
+        base = os.environ if base is None else base
+        path = os.pathsep.join(filter(None, [str(SITE), base.get("PYTHONPATH")]))
+        return {**base, **self.env, "PYTHONPATH": path}
 
     def command(self, argv, cwd=None) -> list[str]:
         """``argv`` entered into the namespace (``nsenter`` resets the working directory to the
