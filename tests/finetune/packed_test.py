@@ -139,7 +139,7 @@ def test_packed_step_sums_and_gradients_equal_unpacked(splits, head):
             sums = objective_.sums(p, batch, None)
             return objective_.loss(sums, objective_.normalizers(batch)), sums
 
-        return jax.value_and_grad(loss, has_aux=True)(params)
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
     (want_loss, want_sums), want_grads = loss_and_sums(unpacked_objective, unpacked_batch)
     (got_loss, got_sums), got_grads = loss_and_sums(packed_objective, packed_batch)
