@@ -22,6 +22,8 @@ from absl import flags
 
 from bertjax import cli
 
+BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+
 _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + a few more
     (flags.DEFINE_string, "input_file", None, "Input text file(s): GLOB[,GLOB...]; .gz ok."),
     (flags.DEFINE_string, "output_file", None, "Output TFRecord file, or a comma list of files."),
@@ -52,6 +54,20 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
     ),
     (flags.DEFINE_integer, "max_sequences_per_pack", 3, "K: instances per packed row at most."),
     (flags.DEFINE_integer, "shuffle_buffer", 20000, "Instances in each unit's shuffle buffer."),
+    (
+        flags.DEFINE_string,
+        "runner",
+        "local",
+        "local (this machine's worker processes) or a Beam runner: DirectRunner, PrismRunner, "
+        "DataflowRunner, FlinkRunner, SparkRunner (bertjax.data.offline_beam; the same bytes).",
+    ),
+    (
+        flags.DEFINE_string,
+        "beam_pipeline_options",
+        "",
+        "Beam's own options for a Beam --runner, e.g. '--project=P --region=R "
+        "--temp_location=gs://B/tmp' or '--direct_num_workers=2'.",
+    ),
     (
         flags.DEFINE_integer,
         "num_workers",
@@ -110,6 +126,12 @@ def run(values) -> int:
     from bertjax import startup
     from bertjax.data import offline, sources, stats  # no TensorFlow: the workers import it
 
+    if values.runner != "local" and values.runner not in BEAM_RUNNERS:
+        raise ValueError(
+            f"--runner={values.runner!r}: expected 'local' or a Beam runner {BEAM_RUNNERS}"
+        )
+    if values.runner == "local" and values.beam_pipeline_options:
+        raise ValueError("--beam_pipeline_options: only for a Beam --runner, not 'local'")
     data_config = data_config_from_flags(values)
     paths = offline.output_paths(values.output_file, values.num_output_shards)
     named = [*paths, *values.input_file.split(","), values.vocab_file]
@@ -122,14 +144,23 @@ def run(values) -> int:
         raise ValueError("--num_workers must be >= 0 (0: chosen) and --work_unit_bytes >= 1")
     if values.max_sequences_per_pack < 1:
         raise ValueError(f"--max_sequences_per_pack={values.max_sequences_per_pack}: need >= 1")
-    summary = offline.write_tfrecords(
-        data_config,
-        paths,
-        values.random_seed,
-        values.shuffle_buffer,
-        num_workers=values.num_workers,
-        unit_bytes=values.work_unit_bytes,
-    )
+    if values.runner == "local":
+        summary = offline.write_tfrecords(
+            data_config,
+            paths,
+            values.random_seed,
+            values.shuffle_buffer,
+            num_workers=values.num_workers,
+            unit_bytes=values.work_unit_bytes,
+        )
+    else:
+        from bertjax.data import offline_beam  # a one-line error without the beam extra
+
+        summary = offline_beam.write_tfrecords(
+            data_config, paths, values.random_seed, values.shuffle_buffer,
+            unit_bytes=values.work_unit_bytes, runner=values.runner,
+            pipeline_options=values.beam_pipeline_options,
+        )  # fmt: skip
     print(f"wrote {len(paths)} file(s): {', '.join(paths)}")
     print(stats.format_summary(summary))
     return 0

@@ -1,0 +1,86 @@
+"""``create_pretraining_data --runner=DirectRunner`` (``bertjax.data.offline_beam``) writes the very
+bytes ``--runner=local`` writes: unpacked in one process, and packed with two worker processes
+(Beam's multi-processing DirectRunner); it prints the same statistics; bad runners and a missing
+Beam are one-line errors."""
+
+import gzip
+import itertools
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from bertjax import cli, create_pretraining_data
+from bertjax.data import bundled
+
+TWO_WORKERS = "--direct_num_workers=2 --direct_running_mode=multi_processing"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "corpus.txt.gz"
+    with gzip.open(bundled.TRAIN_CORPUS, "rt") as f, gzip.open(path, "wt") as out:
+        out.write("".join(itertools.islice(f, 600)))
+    return path
+
+
+def _run(argv):
+    values = flags.FlagValues()
+    create_pretraining_data.define_flags(values)
+    values(["create_pretraining_data", *argv])
+    return cli.call(create_pretraining_data.run, values, prog="create_pretraining_data")
+
+
+def _argv(corpus, out, *more):
+    return [
+        f"--input_file={corpus}", f"--output_file={out}", "--num_output_shards=3",
+        f"--vocab_file={bundled.VOCAB}", "--max_seq_length=96", "--max_predictions_per_seq=14",
+        "--dupe_factor=2", "--random_seed=3", "--work_unit_bytes=30000", *more,
+    ]  # fmt: skip
+
+
+def _shards(out):
+    return {p.name: p.read_bytes() for p in sorted(out.parent.glob(out.name + "-*"))}
+
+
+@pytest.mark.parametrize(
+    "more, options",
+    [([], ""), (["--pack_sequences", "--max_sequences_per_pack=3"], TWO_WORKERS)],
+    ids=["unpacked-in-process", "packed-two-workers"],
+)
+def test_direct_runner_writes_the_local_bytes(corpus, tmp_path, capsys, more, options):
+    local, beam = tmp_path / "local" / "train.tfrecord", tmp_path / "beam" / "train.tfrecord"
+    assert _run(_argv(corpus, local, "--num_workers=1", *more)) == 0
+    local_out = capsys.readouterr().out
+    runner = ["--runner=DirectRunner", f"--beam_pipeline_options={options}"]
+    assert _run(_argv(corpus, beam, *runner, *more)) == 0
+    beam_out = capsys.readouterr().out
+    want, got = _shards(local), _shards(beam)
+    assert len(want) == 3 and all(want.values())
+    assert got == want  # byte for byte, shard by shard
+    summary = lambda text: text[text.index("examples") :]  # after the "wrote ..." line
+    assert summary(beam_out) == summary(local_out)
+    assert not list(beam.parent.glob("*beam-scratch*"))  # the scratch is gone
+
+
+def test_bad_runner_and_options_are_one_line_errors(corpus, tmp_path, capsys):
+    out = tmp_path / "x.tfrecord"
+    assert _run(_argv(corpus, out, "--runner=Nope")) == 1
+    assert "--runner='Nope': expected 'local' or a Beam runner" in capsys.readouterr().err
+    assert _run(_argv(corpus, out, "--beam_pipeline_options=--x=1")) == 1
+    assert "only for a Beam --runner" in capsys.readouterr().err
+
+
+def test_without_beam_the_runner_says_how_to_install(corpus, tmp_path):
+    script = (
+        "import sys; sys.modules['apache_beam'] = None\n"
+        "from absl import flags\n"
+        "from bertjax import cli, create_pretraining_data as c\n"
+        "v = flags.FlagValues(); c.define_flags(v)\n"
+        f"v(['x', *{_argv(corpus, tmp_path / 'y.tfrecord', '--runner=DirectRunner')!r}])\n"
+        "sys.exit(cli.call(c.run, v, prog='create_pretraining_data'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "pip install 'bertjax[beam]'" in result.stderr.strip().splitlines()[-1]
