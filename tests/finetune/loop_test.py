@@ -207,14 +207,28 @@ def test_sweep_table(testdata, tiny_checkpoint, tmp_path):
     assert (tmp_path / "checkpoint").exists()
 
 
-def _cli(config: str, *flags: str) -> subprocess.CompletedProcess:
-    """``python -m bertjax.finetune --config=configs/CONFIG FLAGS...`` (8 fake CPU devices)."""
+def _cli(config: str, *flags: str, env=None) -> subprocess.CompletedProcess:
+    """``python -m bertjax.finetune --config=configs/CONFIG FLAGS...`` (8 fake CPU devices, or
+    ``env``'s)."""
     return subprocess.run(
         [sys.executable, "-m", "bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
+        env=env,
+    )
+
+
+def _one_device_env(tmp_path) -> dict:
+    """One CPU device, XLA at -O0 and a compile cache the runs share: a tiny model's runs are
+    all start-up and compiling."""
+    return dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
 
 
@@ -410,13 +424,15 @@ def test_cli_kill_9_then_resume_is_bit_exact(testdata, tiny_checkpoint, tmp_path
         "--config.checkpoint.keep=2",
     ]
     config = f"{ROOT}/configs/finetune_glue.py"
-    reference = _cli("finetune_glue.py", f"--workdir={tmp_path}/reference", *flags)
+    env = _one_device_env(tmp_path)
+    reference = _cli("finetune_glue.py", f"--workdir={tmp_path}/reference", *flags, env=env)
     assert reference.returncode == 0, reference.stderr[-3000:]
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "bertjax.finetune", f"--config={config}", f"--workdir={run}"]
     proc = subprocess.Popen(
-        [*argv, *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+        [*argv, *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
     sealed = run / "checkpoints/10/bertjax_manifest.json"
     while not sealed.exists() and proc.poll() is None:
         time.sleep(0.05)
@@ -424,7 +440,7 @@ def test_cli_kill_9_then_resume_is_bit_exact(testdata, tiny_checkpoint, tmp_path
     proc.wait()
     assert proc.returncode == -9, proc.stderr.read()[-3000:]  # killed, not finished
     assert not (run / "eval_results.json").exists()
-    resumed = _cli("finetune_glue.py", f"--workdir={run}", *flags)
+    resumed = _cli("finetune_glue.py", f"--workdir={run}", *flags, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     restored = re.search(r"^restored step (\d+) from ", resumed.stdout, re.M)
     assert restored and 10 <= int(restored.group(1)) < 40, resumed.stdout[-2000:]
