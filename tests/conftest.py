@@ -1,6 +1,7 @@
-"""Test set-up: 8 fake CPU devices for sharding tests, TensorFlow kept off accelerators, a
-``fast_compiles`` fixture for modules that compile far more than they compute, and a line per
-reader at the end of the session with the inputs its fuzz tests tried (``tests/fuzzing.py``).
+"""Test set-up: 8 fake CPU devices for sharding tests, TensorFlow kept off accelerators, one JAX
+compilation cache for the run, a ``fast_compiles`` fixture for modules that compile far more
+than they compute, and a line per reader at the end of the session with the inputs its fuzz
+tests tried (``tests/fuzzing.py``).
 
 This runs before any test module imports JAX, so the flags take effect. Under ``pytest -n N``
 the suite runs with ``--dist loadgroup`` (pyproject.toml): the tests of a module marked
@@ -15,6 +16,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One JAX compilation cache for the whole run: pytest's controller makes the directory, and its
+# xdist workers and every process a test starts inherit it (a test that sets its own keeps it).
+# The suite compiles the same tiny steps in dozens of processes; compiles of 1 s or more (JAX's
+# default threshold) are written once and read after. Removed when the run ends.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile  # noqa: E402
+
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertjax-tests-jax-cache-")
+    os.environ["BERTJAX_TESTS_JAX_CACHE_OWNER"] = str(os.getpid())
 
 try:  # noqa: SIM105 - Triton (the test extra; torch imports it too) must load before TensorFlow:
     # in the other order LLVM aborts the worker ("inconsistency in registered CommandLine
@@ -81,6 +91,10 @@ def pytest_sessionfinish(session):
     import gc  # noqa: PLC0415
 
     gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__name__", "") != "_xla_gc_callback"]
+    if os.environ.get("BERTJAX_TESTS_JAX_CACHE_OWNER") == str(os.getpid()):  # the controller
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 # Fuzz-test input counts (tests/fuzzing.py records them as test properties). Counted from the
