@@ -21,7 +21,7 @@ import pytest
 REPO = pathlib.Path(__file__).parents[1]
 FAKES = pathlib.Path(__file__).parent / "testdata" / "launch"
 SCRIPTS = ["create_tpu_vm.sh", "setup_tpu_vm.sh", "run_pretraining.sh", "tail_logs.sh"]
-SCRIPTS += ["delete_tpu_vm.sh"]
+SCRIPTS += ["delete_tpu_vm.sh", "create_data_dataflow.sh"]
 ZONE = "us-central2-b"
 QR_CREATE = ["compute", "tpus", "queued-resources", "create", "bert-pod", "--node-id=bert-pod"]
 DESCRIBE = ["compute", "tpus", "queued-resources", "describe", "bert-pod"]
@@ -134,7 +134,8 @@ def test_help_prints_the_usage_header(tmp_path, script):
     assert result.returncode == 0, result.stderr
     header = (REPO / "launch" / script).read_text().splitlines()[1].removeprefix("# ")
     assert result.stdout.splitlines()[0] == header
-    assert "ZONE" in result.stdout and "shellcheck" not in result.stdout
+    assert "ZONE" in result.stdout or "REGION" in result.stdout
+    assert "shellcheck" not in result.stdout
     assert launch.calls() == []
 
 
@@ -148,11 +149,14 @@ def test_help_prints_the_usage_header(tmp_path, script):
         ("run_pretraining.sh", "DATA", "set DATA (TFRecords on GCS, e.g. gs://BUCKET/tfrecords"),
         ("tail_logs.sh", "ZONE", "set ZONE (the TPU zone, e.g. us-central2-b)"),
         ("delete_tpu_vm.sh", "TPU_NAME", "set TPU_NAME (the queued resource's name, as given"),
+        ("create_data_dataflow.sh", "REGION", "set REGION (the Dataflow region, e.g. us-central1)"),
+        ("create_data_dataflow.sh", "VOCAB", "set VOCAB (the vocab on GCS, e.g. gs://BUCKET/vo"),
     ],
 )
 def test_a_missing_variable_is_one_line_and_exit_1(tmp_path, script, unset, message):
     launch = Launch(tmp_path)
-    env = {"ACCELERATOR": "v4-8", "WORKDIR": "gs://bkt/run", "DATA": TRAIN_DATA, unset: None}
+    env = {"ACCELERATOR": "v4-8", "WORKDIR": "gs://bkt/run", "DATA": TRAIN_DATA, **DATAFLOW}
+    env[unset] = None
     result = launch(script, **env)
     assert result.returncode == 1
     assert result.stderr.startswith(f"{script}: error: {message}")
@@ -465,6 +469,67 @@ def test_delete_forces_the_queued_resource_and_its_nodes(tmp_path):
         [*delete, f"--zone={ZONE}"],
         [*delete, "--async", f"--zone={ZONE}", "--project=p"],
     ]
+
+
+DATAFLOW = {
+    "PROJECT": "proj", "REGION": "us-central1", "INPUT": "gs://bkt/corpus/*.txt.gz",
+    "OUTPUT": "gs://bkt/tfrecords/train.tfrecord", "VOCAB": "gs://bkt/vocab.txt",
+}  # fmt: skip
+VERSION = next(
+    line.split("=")[1].strip()
+    for line in (REPO / "setup.cfg").read_text().splitlines()
+    if line.startswith("version")
+)
+
+
+def test_dataflow_builds_an_sdist_and_runs_the_builder_on_dataflow(tmp_path):
+    launch = Launch(tmp_path)
+    flags = ["--num_output_shards=8", "--dupe_factor=10", "--pack_sequences"]
+    env = {**DATAFLOW, "PYTHON": "python-local", "JOB_NAME": "job-1", "MAX_WORKERS": "50"}
+    result = launch("create_data_dataflow.sh", *flags, **env)
+    assert result.returncode == 0, result.stderr
+    build, builder = _records(tmp_path / "python.jsonl")
+    dist = build["argv"][4]
+    assert build["argv"] == ["-m", "build", "--sdist", "--outdir", dist, str(REPO)]
+    options = (
+        "--project=proj --region=us-central1 --temp_location=gs://bkt/dataflow --job_name=job-1 "
+        f"--extra_package={dist}/bertjax-{VERSION}.tar.gz --max_num_workers=50"
+    )
+    assert builder["argv"] == [
+        "-m", "bertjax.create_pretraining_data", "--runner=DataflowRunner",
+        "--input_file=gs://bkt/corpus/*.txt.gz", "--output_file=gs://bkt/tfrecords/train.tfrecord",
+        "--vocab_file=gs://bkt/vocab.txt", f"--beam_pipeline_options={options}", *flags,
+    ]  # fmt: skip
+    assert not pathlib.Path(dist).exists()  # the sdist's directory is removed
+    assert launch.calls() == []  # no gcloud: Beam's Dataflow runner submits the job
+
+
+def test_dataflow_dry_run_prints_both_commands_and_runs_none(tmp_path):
+    launch = Launch(tmp_path)
+    result = launch("create_data_dataflow.sh", DRY_RUN="1", JOB_NAME="job-2", **DATAFLOW)
+    assert result.returncode == 0, result.stderr
+    lines = [shlex.split(line) for line in result.stdout.splitlines()]
+    assert [words[:3] for words in lines] == [["+", "python3", "-m"]] * 2
+    assert lines[0][3] == "build" and lines[1][3] == "bertjax.create_pretraining_data"
+    assert "--job_name=job-2" in _flag(lines[1], "--beam_pipeline_options")
+    assert not (tmp_path / "python.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "env, args, message",
+    [
+        ({"OUTPUT": "/tmp/out.tfrecord"}, [], "OUTPUT has '/tmp/out.tfrecord', not a gs:// path"),
+        ({"INPUT": "gs://bkt/a.txt,b.txt"}, [], "INPUT has 'b.txt', not a gs:// path"),
+        ({"JOB_NAME": "Job_1"}, [], "JOB_NAME=Job_1: Dataflow takes lower-case letters"),
+        ({}, ["--vocab_file=v.txt"], "--vocab_file comes from the variables"),
+    ],
+)
+def test_dataflow_bad_settings_are_one_line(tmp_path, env, args, message):
+    launch = Launch(tmp_path)
+    result = launch("create_data_dataflow.sh", *args, **{**DATAFLOW, **env})
+    assert result.returncode == 1
+    assert result.stderr == f"create_data_dataflow.sh: error: {result.stderr.split('error: ')[1]}"
+    assert message in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_shellcheck_passes():

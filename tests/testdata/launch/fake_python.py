@@ -2,8 +2,11 @@
 
 ``-c CODE``: the scripts' version check passes, the import check prints a ready line.
 ``-m bertjax.compile``: records, then exits ``$FAKE_COMPILE_RC`` (one-line error when not 0).
-``-m bertjax.main``: records argv, cwd, whether it leads its own session (setsid) and
-PYTHONUNBUFFERED in ``~/python.jsonl``, prints two step lines, sleeps ``$FAKE_TRAIN_SECONDS``.
+``-m build --sdist --outdir DIR REPO``: records, then writes ``DIR/bertjax-<REPO's
+setup.cfg version>.tar.gz`` (empty), as the real build names it.
+``-m bertjax.main`` (and any other module): records argv, cwd, whether it leads its own session
+(setsid) and PYTHONUNBUFFERED in ``~/python.jsonl``, prints two step lines, sleeps
+``$FAKE_TRAIN_SECONDS``.
 """
 
 import json
@@ -25,6 +28,12 @@ record = {
 log = os.environ.get("FAKE_COMPILE_LOG") or os.path.join(os.environ["HOME"], "python.jsonl")
 with open(log, "a") as f:
     f.write(json.dumps(record) + "\n")
+if args[:2] == ["-m", "build"]:
+    outdir, repo = args[args.index("--outdir") + 1], args[-1]
+    with open(os.path.join(repo, "setup.cfg")) as f:
+        version = next(line.split("=")[1].strip() for line in f if line.startswith("version"))
+    open(os.path.join(outdir, f"bertjax-{version}.tar.gz"), "w").close()
+    sys.exit(0)
 if args[:2] == ["-m", "bertjax.compile"]:
     code = int(os.environ.get("FAKE_COMPILE_RC", "0"))
     if code:
