@@ -33,8 +33,9 @@ feeds it is ``bertjax.finetune.inputs``.
 
 Progress is pretraining's line (``bertjax.training.metrics.format_train_line``): after the first
 step (its time includes compiling), then every ``config.log_every_steps`` steps, with the loss,
-learning rate, gradient norm, sequences/s, tokens/s (padded tokens processed), model GFLOP/s per
-device and an ETA; one line per evaluated split with its metrics.
+learning rate, gradient norm, examples/s, real tokens/s, examples and real tokens per step (packed
+rows count their examples), model GFLOP/s per device, the input wait, the host's examples per
+second per core and an ETA; one line per evaluated split with its metrics.
 """
 
 from __future__ import annotations
