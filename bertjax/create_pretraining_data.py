@@ -6,7 +6,7 @@
 
 Same flags as Google's ``create_pretraining_data.py`` (``--output_file`` may also be a comma list
 of files, as there) plus ``--num_output_shards`` (``out.tfrecord-00003-of-00008``),
-``--num_workers`` (default 0: as many as the corpus pays for, ``offline.default_workers``) and
+``--num_workers`` (default 0: every core, at most one per unit, ``offline.default_workers``) and
 ``--work_unit_bytes``, and the pairing options
 ``--nsp``, ``--random_doc_pool`` and ``--split_single_sentence`` (``bertjax.data.instances``; the
 defaults pair as the original does), and ``--pack_sequences`` with ``--max_sequences_per_pack``
@@ -72,7 +72,7 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         flags.DEFINE_integer,
         "num_workers",
         0,
-        "Worker processes; 0: as many as the corpus pays for, up to every core.",
+        "Worker processes; 0: every core, but no more than the corpus's work units.",
     ),  # fmt: skip
     (
         flags.DEFINE_integer,

@@ -203,18 +203,13 @@ def _workers(job: Job, num_workers: int):
         yield lambda units: pool.imap(write_unit, units)
 
 
-# A worker's TensorFlow start-up costs about 4 s of CPU; a 1 MiB unit about 0.25 s per dupe on
-# one core. Measured (docs/benchmarks.md, "Offline TFRecords"): 4 MB at dupe_factor 2 (8
-# unit-dupes) ran faster on one worker than on two, 20 MB at 2 (40) faster on two. A worker pays
-# for itself past about 16 unit-dupes (~4 s of work, its start-up's worth).
-_UNIT_DUPES_PER_WORKER = 16
-
-
-def default_workers(num_units: int, dupe_factor: int, cores: int | None = None) -> int:
-    """``--num_workers=0``: one worker per ``_UNIT_DUPES_PER_WORKER`` units x dupe_factor, at
-    least one, at most every core."""
+def default_workers(num_units: int, cores: int | None = None) -> int:
+    """``--num_workers=0``: every core, but no more workers than units (each costs a TensorFlow
+    start-up). Measured (docs/benchmarks.md, "Offline TFRecords"): on an idle 2-core machine two
+    workers finished sooner than one from 4 MB (4 units) up, now that this process does not import
+    TensorFlow beside them."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(cores, num_units * int(dupe_factor) // _UNIT_DUPES_PER_WORKER))
+    return max(1, min(cores, num_units))
 
 
 def _append(source: str, destination) -> None:
@@ -250,7 +245,7 @@ def write_tfrecords(
         units = sources.work_units(files, unit_bytes)
         if not units:
             raise DataError(f"data.input_files {files}: no documents (empty input)")
-        workers = num_workers or default_workers(len(units), data_config.dupe_factor)
+        workers = num_workers or default_workers(len(units))
         # No more processes than units: each costs a TensorFlow start-up (~3-6 s of CPU).
         with (
             _workers(job, min(workers, len(units))) as run_units,

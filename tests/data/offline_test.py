@@ -280,11 +280,10 @@ def test_the_command_process_never_imports_tensorflow_for_local_paths(corpus, tm
     assert out.stat().st_size > 0
 
 
-def test_default_workers_grow_with_the_work_up_to_every_core():
+def test_default_workers_are_every_core_but_no_more_than_the_units():
     from bertjax.data import offline
 
-    assert offline.default_workers(4, 2, cores=2) == 1  # 4 MB at dupe_factor 2: one is faster
-    assert offline.default_workers(20, 2, cores=2) == 2  # 20 MB at 2: two are
-    assert offline.default_workers(4, 10, cores=2) == 2
-    assert offline.default_workers(1000, 10, cores=16) == 16
-    assert offline.default_workers(0, 10, cores=16) == 1
+    assert offline.default_workers(4, cores=2) == 2  # the bundled corpus: 4 units
+    assert offline.default_workers(1, cores=2) == 1
+    assert offline.default_workers(1000, cores=16) == 16
+    assert offline.default_workers(0, cores=16) == 1
