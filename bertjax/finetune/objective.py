@@ -153,6 +153,7 @@ class Predictor:
         self.batch_size = int(eval_batch_size)
         self.param_shardings = compiled.param_shardings(objective, mesh, self.rules)
         self._logits = {}  # input ranks -> the jitted forward
+        self._packed = {}  # id(features) -> (features, their packed rows): a split packs once
 
     def place(self, params):
         """Host (or differently placed) params -> global arrays in the param shardings."""
@@ -178,7 +179,10 @@ class Predictor:
         """Model outputs for every feature, in order: <float32>[N, ...]. With packing, of the
         split packed (``eval_batch_size`` then counts rows), unpacked to the same layout."""
         if self.objective.packed:
-            rows = packed_lib.pack(features, self.objective.head, self.objective.packed)
+            if id(features) not in self._packed:  # the features are held: the id stays theirs
+                rows = packed_lib.pack(features, self.objective.head, self.objective.packed)
+                self._packed[id(features)] = (features, rows)
+            rows = self._packed[id(features)][1]
             outputs = self._run(params, rows.features)
             return packed_lib.unpack(
                 self.objective.head, outputs, rows, self.objective.input_shape[-1]
