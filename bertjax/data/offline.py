@@ -15,14 +15,14 @@ the output is a pure function of the flags and the corpus, identical for any ``-
 NotNext segments are drawn from up to ``--random_doc_pool`` documents around the current one
 *within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
 instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`` input is
-decompressed from its start by each of its units (cheap for files of up to a few hundred MB;
-split larger ones). With ``--pack_sequences`` (``bertjax.data.packing``) each unit's masked
-instances, exactly the records the unpacked output would hold, are packed **per work unit** at
-its end: the unit is the packing window (a worker holds its masked instances, about
-``4 * (3 L + 3 P + 1)`` bytes each), and its packed rows take the records' place (row ``j`` to
-shard ``(u + j) % num_shards``), so packed output is as independent of ``--num_workers`` as
-unpacked output. Shards are written atomically at the end (``bertjax.atomic``). Prints
-the ``bertjax.data.stats`` summary when done.
+decompressed once, by the cutting pass, which also writes each of its units' text to the scratch
+directory as a plain piece (``sources.work_units``, ``split_dir``): a unit reads its own bytes.
+With ``--pack_sequences`` (``bertjax.data.packing``) each unit's masked instances, exactly the
+records the unpacked output would hold, are packed **per work unit** at its end: the unit is the
+packing window (a worker holds its masked instances, about ``4 * (3 L + 3 P + 1)`` bytes each),
+and its packed rows take the records' place (row ``j`` to shard ``(u + j) % num_shards``), so
+packed output is as independent of ``--num_workers`` as unpacked output. Shards are written
+atomically at the end (``bertjax.atomic``). Prints the ``bertjax.data.stats`` summary when done.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def write_tfrecords(
     total = None
     try:
         files = sources.resolve_files(data_config.input_files, "input_files")
-        units = sources.work_units(files, unit_bytes)
+        units = sources.work_units(files, unit_bytes, split_dir=scratch)
         if not units:
             raise DataError(f"data.input_files {files}: no documents (empty input)")
         workers = num_workers or default_workers(len(units))

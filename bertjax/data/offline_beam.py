@@ -5,7 +5,8 @@ of the local process pool, and the same bytes out: the work unit stays the unit 
 and ``offline.write_unit`` makes each unit's records, so only who runs a unit and who appends
 the shards change.
 
-    units (cut here, one pass over the corpus without tokenizing, as the local builder does)
+    units (cut here, one pass over the corpus without tokenizing, as the local builder does;
+           a .gz input's units are written to the scratch as plain pieces in the same pass)
       | Create | Reshuffle                  spread over the workers
       | ParDo(_WriteUnit)                   offline.write_unit: <scratch>/unit-U-shard-S files;
                                             yields the unit's stats (bertjax.data.stats)
@@ -96,15 +97,15 @@ def write_tfrecords(
 ) -> dict:
     """``offline.write_tfrecords`` on the Beam ``runner``; returns the statistics' summary."""
     files = sources.resolve_files(data_config.input_files, "input_files")
-    units = sources.work_units(files, unit_bytes)
-    if not units:
-        raise DataError(f"data.input_files {files}: no documents (empty input)")
     scratch = f"{paths[0]}.beam-scratch-{uuid.uuid4().hex[:12]}"
     job = offline.Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
     gfile = _gfile()
     gfile.makedirs(scratch)
     options = PipelineOptions([f"--runner={runner}", *shlex.split(pipeline_options)])
     try:
+        units = sources.work_units(files, unit_bytes, split_dir=scratch)  # .gz: split here
+        if not units:
+            raise DataError(f"data.input_files {files}: no documents (empty input)")
         with beam.Pipeline(options=options) as pipeline:
             total = (
                 pipeline

@@ -246,13 +246,24 @@ def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTabl
 @dataclasses.dataclass(frozen=True)
 class WorkUnit:
     """Whole documents of ``ranges`` (``(file, start byte, stop byte)`` of the decompressed
-    text, in order; a range ends at a document end). ``index`` is the unit's place in the corpus."""
+    text, in order; a range ends at a document end). ``index`` is the unit's place in the corpus.
+    ``pieces`` (empty, or one per range): a file holding exactly that range's bytes, its split
+    copy (a ``.gz`` input's, ``work_units(split_dir=...)``), or None to read ``file`` itself."""
 
     index: int
     ranges: tuple[tuple[str, int, int], ...]
+    pieces: tuple[str | None, ...] = ()
 
     def describe(self) -> str:
         return ", ".join(f"{path} bytes {start}-{stop}" for path, start, stop in self.ranges)
+
+    def joined(self, other: WorkUnit) -> WorkUnit:
+        """This unit with ``other``'s ranges after its own (and their pieces)."""
+        pieces = (*self.pieces_or_none(), *other.pieces_or_none())
+        return WorkUnit(self.index, self.ranges + other.ranges, pieces)
+
+    def pieces_or_none(self) -> tuple[str | None, ...]:
+        return self.pieces or (None,) * len(self.ranges)
 
 
 @contextlib.contextmanager
@@ -266,40 +277,81 @@ def _open_text(path: str):
             yield text
 
 
-def work_units(files: list[str], unit_bytes: int) -> list[WorkUnit]:
+class _Splitter:
+    """Copies a ``.gz`` input's decompressed lines into one plain piece per range under
+    ``directory`` (local or ``gs://``), so that a unit reads its own bytes, never decompressing
+    its file from the start (that would make a file of N units cost N^2/2 units of inflating)."""
+
+    def __init__(self, directory: str | None):
+        self.directory, self.count, self.file, self.buffer = directory, 0, None, []
+
+    def start(self, path: str) -> None:
+        if self.directory and path.endswith(".gz"):
+            self.file = open_file(f"{self.directory}/text-{self.count:06d}", "wb")
+            self.count += 1
+
+    def write(self, line: bytes) -> None:
+        if self.file is not None:
+            self.buffer.append(line)
+            if len(self.buffer) >= 4096:  # one storage write per few hundred kB, not per line
+                self.file.write(b"".join(self.buffer))
+                self.buffer = []
+
+    def finish(self) -> str | None:
+        """Closes the current piece; returns its path (None when this range is not split)."""
+        if self.file is None:
+            return None
+        self.file.write(b"".join(self.buffer))
+        self.file.close()
+        self.file, self.buffer = None, []
+        return f"{self.directory}/text-{self.count - 1:06d}"
+
+
+def work_units(files: list[str], unit_bytes: int, split_dir: str | None = None) -> list[WorkUnit]:
     """Cuts the corpus into units of at least ``unit_bytes`` bytes and 2 documents (so NotNext
     pairs can be drawn inside a unit), at document starts; the last unit absorbs a remainder
     with fewer than 2 documents. A pure function of the files and ``unit_bytes``.
 
     One pass reading lines without tokenizing (a few hundred MB/s); a document starts at a
-    non-blank line that follows a blank one (or the start of a file).
+    non-blank line that follows a blank one (or the start of a file). With ``split_dir``, each
+    range of a ``.gz`` file is also written there as a plain piece (``WorkUnit.pieces``): the
+    one decompression of the file that this pass makes anyway serves every unit.
     """
-    units, ranges = [], []  # ranges of the unit being built
+    units, ranges, pieces = [], [], []  # ranges of the unit being built, and their pieces
     size = documents = 0
+    splitter = _Splitter(split_dir)
     for path in files:
         start = position = 0
         after_blank = True
         try:
             with _open_text(path) as f:
+                splitter.start(path)
                 for line in f:
                     blank = not line.strip()
                     if not blank and after_blank:  # a document starts here
                         if size + position - start >= unit_bytes and documents >= 2:
-                            units.append(WorkUnit(len(units), (*ranges, (path, start, position))))
-                            ranges, size, documents, start = [], 0, 0, position
+                            ranges.append((path, start, position))
+                            pieces.append(splitter.finish())
+                            units.append(WorkUnit(len(units), tuple(ranges), tuple(pieces)))
+                            ranges, pieces, size, documents, start = [], [], 0, 0, position
+                            splitter.start(path)
                         documents += 1
                     after_blank = blank
                     position += len(line)
+                    splitter.write(line)
         except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
+        piece = splitter.finish()
         if position > start:
             ranges.append((path, start, position))
+            pieces.append(piece)
             size += position - start
     if ranges:
+        rest = WorkUnit(len(units), tuple(ranges), tuple(pieces))
         if documents < 2 and units:  # too small to pair on its own: join the previous unit
-            units[-1] = WorkUnit(units[-1].index, units[-1].ranges + tuple(ranges))
+            units[-1] = units[-1].joined(rest)
         else:
-            units.append(WorkUnit(len(units), tuple(ranges)))
+            units.append(rest)
     return units
 
 
@@ -307,11 +359,15 @@ def unit_lines(unit: WorkUnit) -> list[bytes]:
     """The unit's lines (no line ends; a blank line after each range, which ends a document).
     DataError naming the file and byte offset if the text is not UTF-8."""
     lines = []
-    for path, start, stop in unit.ranges:
+    for (path, start, stop), piece in zip(unit.ranges, unit.pieces_or_none(), strict=True):
         try:
-            with _open_text(path) as f:
-                f.seek(start)
-                text = f.read(stop - start)
+            if piece is not None:  # the range's split copy: exactly its bytes
+                with open_file(piece) as f:
+                    text = f.read()
+            else:
+                with _open_text(path) as f:
+                    f.seek(start)
+                    text = f.read(stop - start)
         except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
         try:
