@@ -1,7 +1,8 @@
 """What every ``python -m bertjax.<command>`` shares, written once: absl flags, no positional
-arguments, and bad input reported as one line ``<command>: error: <message>`` on stderr with exit
-status 1, never a traceback (``errors`` and ``OSError``: the file system's problems are the
-user's to fix). A command's tail is::
+arguments (a command that runs another tool may take everything after ``--`` as one flag's
+value: ``rest_flag``), and bad input reported as one line ``<command>: error: <message>`` on
+stderr with exit status 1, never a traceback (``errors`` and ``OSError``: the file system's
+problems are the user's to fix). A command's tail is::
 
     def main() -> None:  # also the console script bertjax-<command>
         cli.run(_run, define_flags, errors=(ConvertError,), prog="convert")
@@ -123,14 +124,23 @@ def _storage_errors() -> tuple[type[Exception], ...]:
 _REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words
 
 
-def parse_flags(argv: list[str], *, prog: str = "") -> list[str]:
+def parse_flags(argv: list[str], *, prog: str = "", rest_flag: str | None = None) -> list[str]:
     """absl's ``flags_parser`` for :func:`run`: parses ``argv`` into ``flags.FLAGS``; bad input
-    exits 1 with one line (see the module docstring), any other exception propagates."""
+    exits 1 with one line (see the module docstring), any other exception propagates.
+
+    ``rest_flag``: the arguments after a ``--`` are appended (shell-quoted) to this string flag's
+    value, e.g. another tool's options (``create_pretraining_data ... -- --project=P``)."""
     try:
+        passed = []
+        if rest_flag and "--" in argv:
+            argv, passed = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
         rest = flags.FLAGS(argv)
         _load_config_files(flags.FLAGS)
         if len(rest) > 1:
             raise flags.Error(f"unexpected arguments {shlex.join(rest[1:])}: give only --flags")
+        if passed:
+            flag = flags.FLAGS[rest_flag]
+            flag.value = " ".join(v for v in (flag.value, shlex.join(passed)) if v)
     except Exception as e:
         message = _input_error(e, argv, flags.FLAGS)
         if message is None or os.environ.get(TRACEBACK_ENV) == "1":
@@ -254,10 +264,12 @@ def run(
     errors: tuple[type[Exception], ...] = (ValueError,),
     prog: str = "",
     tensorflow: bool = True,
+    rest_flag: str | None = None,
 ) -> NoReturn:
     """Defines the flags, parses argv (:func:`parse_flags`) and exits with :func:`call`'s status.
 
     ``tensorflow``: the command needs TensorFlow, imported quietly before ``main``.
+    ``rest_flag``: the flag that takes the arguments after ``--`` (:func:`parse_flags`).
     """
     _stop_on_sigterm()  # from here on, before config files load: one line, exit 1
     if define_flags is not None:
@@ -274,7 +286,8 @@ def run(
         sys.exit(call(command, flags.FLAGS, errors=errors, prog=prog))
 
     try:
-        app.run(absl_main, flags_parser=functools.partial(parse_flags, prog=prog))
+        parser = functools.partial(parse_flags, prog=prog, rest_flag=rest_flag)
+        app.run(absl_main, flags_parser=parser)
     except Stopped as e:  # while the flags and config files were parsed
         print(f"{prog}: stopped by {e} before anything was saved", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -6,12 +6,13 @@
 
 Same flags as Google's ``create_pretraining_data.py`` (``--output_file`` may also be a comma list
 of files, as there) plus ``--num_output_shards`` (``out.tfrecord-00003-of-00008``),
-``--num_workers`` (default 0: every core, at most one per unit, ``offline.default_workers``) and
-``--work_unit_bytes``, and the pairing options
-``--nsp``, ``--random_doc_pool`` and ``--split_single_sentence`` (``bertjax.data.instances``; the
-defaults pair as the original does), and ``--pack_sequences`` with ``--max_sequences_per_pack``
-(packed rows: ``bertjax.data.packing``). How the records are made, in parallel with bounded memory
-and identical for any ``--num_workers``: ``bertjax.data.offline``.
+``--num_workers`` (default 0: every core, at most one per unit, ``offline.default_workers``),
+``--work_unit_bytes``, ``--runner`` with ``--beam_pipeline_options`` (or Beam's options after
+``--``: ``bertjax.data.beam_pipeline``), the pairing options ``--nsp``, ``--random_doc_pool``
+and ``--split_single_sentence`` (``bertjax.data.instances``; the defaults pair as the original
+does), and ``--pack_sequences`` with ``--max_sequences_per_pack`` (packed rows:
+``bertjax.data.packing``). How the records are made, in parallel with bounded memory and
+identical for any ``--num_workers``: ``bertjax.data.offline``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import os
 from absl import flags
 
 from bertjax import cli
-
-BEAM_RUNNERS = ("DirectRunner", "PrismRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+from bertjax.data import beam_pipeline  # no Beam import: runner names and help only
 
 _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + a few more
     (flags.DEFINE_string, "input_file", None, "Input text file(s): GLOB[,GLOB...]; .gz ok."),
@@ -58,16 +58,9 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         flags.DEFINE_string,
         "runner",
         "local",
-        "local (this machine's worker processes) or a Beam runner: DirectRunner, PrismRunner, "
-        "DataflowRunner, FlinkRunner, SparkRunner (bertjax.data.offline_beam; the same bytes).",
+        f"{beam_pipeline.RUNNER_HELP} (bertjax.data.offline_beam; the same bytes).",
     ),
-    (
-        flags.DEFINE_string,
-        "beam_pipeline_options",
-        "",
-        "Beam's own options for a Beam --runner, e.g. '--project=P --region=R "
-        "--temp_location=gs://B/tmp' or '--direct_num_workers=2'.",
-    ),
+    (flags.DEFINE_string, "beam_pipeline_options", "", beam_pipeline.OPTIONS_HELP),
     (
         flags.DEFINE_integer,
         "num_workers",
@@ -126,12 +119,9 @@ def run(values) -> int:
     from bertjax import startup
     from bertjax.data import offline, sources, stats  # no TensorFlow: the workers import it
 
-    if values.runner != "local" and values.runner not in BEAM_RUNNERS:
-        raise ValueError(
-            f"--runner={values.runner!r}: expected 'local' or a Beam runner {BEAM_RUNNERS}"
-        )
-    if values.runner == "local" and values.beam_pipeline_options:
-        raise ValueError("--beam_pipeline_options: only for a Beam --runner, not 'local'")
+    beam_pipeline.check_runner(values.runner, values.beam_pipeline_options)
+    if values.runner != "local":
+        beam_pipeline.require(values.runner)  # one line without the beam extra
     data_config = data_config_from_flags(values)
     paths = offline.output_paths(values.output_file, values.num_output_shards)
     named = [*paths, *values.input_file.split(","), values.vocab_file]
@@ -154,8 +144,9 @@ def run(values) -> int:
             unit_bytes=values.work_unit_bytes,
         )
     else:
-        from bertjax.data import offline_beam  # a one-line error without the beam extra
+        from bertjax.data import offline_beam
 
+        print(f"Beam: --runner={values.runner} {values.beam_pipeline_options}".rstrip(), flush=True)
         summary = offline_beam.write_tfrecords(
             data_config, paths, values.random_seed, values.shuffle_buffer,
             unit_bytes=values.work_unit_bytes, runner=values.runner,
@@ -169,7 +160,10 @@ def run(values) -> int:
 def main() -> None:
     # This process only cuts the corpus into units and appends the workers' shards: with local
     # paths it never imports TensorFlow (4-5 s and ~700 MiB it would spend for nothing).
-    cli.run(run, define_flags, prog="create_pretraining_data", tensorflow=False)
+    cli.run(
+        run, define_flags, prog="create_pretraining_data", tensorflow=False,
+        rest_flag="beam_pipeline_options",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

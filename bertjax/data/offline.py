@@ -121,6 +121,16 @@ def unit_shard_path(scratch_dir: str, unit: int, shard: int) -> str:
     return os.path.join(scratch_dir, f"unit-{unit:06d}-shard-{shard:05d}.tfrecord")
 
 
+def unit_shard_pattern(scratch_dir: str, shard: int) -> str:
+    """The glob of ``shard``'s scratch files, every unit's (``unit_shard_path``)."""
+    return os.path.join(scratch_dir, f"unit-*-shard-{shard:05d}.tfrecord")
+
+
+def unit_of(scratch_path: str) -> int:
+    """The unit number in a ``unit_shard_path``."""
+    return int(os.path.basename(scratch_path).split("-")[1])
+
+
 def write_unit(unit: sources.WorkUnit) -> stats.Accumulator:
     """Pairs, shuffles, masks and serializes one unit into per-shard scratch files.
 

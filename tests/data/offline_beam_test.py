@@ -1,10 +1,11 @@
 """``create_pretraining_data --runner=DirectRunner`` (``bertjax.data.offline_beam``) writes the very
 bytes ``--runner=local`` writes: unpacked in one process, and packed with two worker processes
-(Beam's multi-processing DirectRunner); it prints the same statistics; bad runners and a missing
-Beam are one-line errors."""
+(Beam's multi-processing DirectRunner, its options after ``--`` on the real command line); it
+prints the same statistics; bad runners and a missing Beam are one-line errors."""
 
 import gzip
 import itertools
+import pathlib
 import subprocess
 import sys
 
@@ -14,7 +15,8 @@ from absl import flags
 from bertjax import cli, create_pretraining_data
 from bertjax.data import bundled
 
-TWO_WORKERS = "--direct_num_workers=2 --direct_running_mode=multi_processing"
+REPO = pathlib.Path(__file__).parents[2]
+TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,7 @@ def corpus(tmp_path_factory):
 
 
 def _run(argv):
+    """The command in this process."""
     values = flags.FlagValues()
     create_pretraining_data.define_flags(values)
     values(["create_pretraining_data", *argv])
@@ -44,18 +47,31 @@ def _shards(out):
     return {p.name: p.read_bytes() for p in sorted(out.parent.glob(out.name + "-*"))}
 
 
+def _run_command(argv) -> str:
+    """``python -m bertjax.create_pretraining_data argv`` -> its stdout."""
+    command = [sys.executable, "-m", "bertjax.create_pretraining_data", *argv]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
 @pytest.mark.parametrize(
-    "more, options",
-    [([], ""), (["--pack_sequences", "--max_sequences_per_pack=3"], TWO_WORKERS)],
+    "more, two_workers",
+    [([], False), (["--pack_sequences", "--max_sequences_per_pack=3"], True)],
     ids=["unpacked-in-process", "packed-two-workers"],
 )
-def test_direct_runner_writes_the_local_bytes(corpus, tmp_path, capsys, more, options):
+def test_direct_runner_writes_the_local_bytes(corpus, tmp_path, capsys, more, two_workers):
     local, beam = tmp_path / "local" / "train.tfrecord", tmp_path / "beam" / "train.tfrecord"
     assert _run(_argv(corpus, local, "--num_workers=1", *more)) == 0
     local_out = capsys.readouterr().out
-    runner = ["--runner=DirectRunner", f"--beam_pipeline_options={options}"]
-    assert _run(_argv(corpus, beam, *runner, *more)) == 0
-    beam_out = capsys.readouterr().out
+    if two_workers:  # the real command line, Beam's options after --
+        beam_out = _run_command(
+            _argv(corpus, beam, "--runner=DirectRunner", *more, "--", *TWO_WORKERS)
+        )
+        assert f"Beam: --runner=DirectRunner {' '.join(TWO_WORKERS)}\n" in beam_out
+    else:
+        assert _run(_argv(corpus, beam, "--runner=DirectRunner", *more)) == 0
+        beam_out = capsys.readouterr().out
     want, got = _shards(local), _shards(beam)
     assert len(want) == 3 and all(want.values())
     assert got == want  # byte for byte, shard by shard
@@ -70,6 +86,9 @@ def test_bad_runner_and_options_are_one_line_errors(corpus, tmp_path, capsys):
     assert "--runner='Nope': expected 'local' or a Beam runner" in capsys.readouterr().err
     assert _run(_argv(corpus, out, "--beam_pipeline_options=--x=1")) == 1
     assert "only for a Beam --runner" in capsys.readouterr().err
+    assert _run(_argv(corpus, out, "--runner=DirectRunner", "--beam_pipeline_options='a")) == 1
+    assert '--beam_pipeline_options="\'a": No closing quotation' in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_without_beam_the_runner_says_how_to_install(corpus, tmp_path):
