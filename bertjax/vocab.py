@@ -2,9 +2,12 @@
 
     python -m bertjax.vocab --input_file='corpus/*.txt,extra.txt.gz' --output_file=vocab.txt \\
         --vocab_size=8000 [--do_lower_case=true] [--type=wordpiece|sentencepiece] [--num_unused=0]
+        [--runner=local|DirectRunner|DataflowRunner|... [--beam_pipeline_options=... | -- ...]]
 
-The vocab's layout and how it is learned: ``bertjax.data.vocab``. TensorFlow is imported only
-after the flags are parsed, so ``--help`` answers at once.
+The vocab's layout and how it is learned: ``bertjax.data.vocab``. With a Beam ``--runner`` the
+corpus is read and counted (or sampled) by Beam's workers and the learner runs here, giving the
+same vocab (``bertjax.data.vocab_beam``). TensorFlow is imported only after the flags are parsed,
+so ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from absl import flags
 
 from bertjax import cli
+from bertjax.data import beam_pipeline  # no Beam import: runner names and help only
 
 _FLAG_DEFS = (  # (definer, name, default, help)
     (flags.DEFINE_string, "input_file", None, "Corpus files: GLOB[,GLOB...]; *.gz are gunzipped."),
@@ -20,6 +24,8 @@ _FLAG_DEFS = (  # (definer, name, default, help)
     (flags.DEFINE_bool, "do_lower_case", True, "Uncased (lowercase + strip accents) or cased."),
     (flags.DEFINE_string, "type", "wordpiece", "Tokenizer type: wordpiece | sentencepiece."),
     (flags.DEFINE_integer, "num_unused", 0, "WordPiece only: [unusedK] slots after the specials."),
+    (flags.DEFINE_string, "runner", "local", f"{beam_pipeline.RUNNER_HELP}; the same vocab."),
+    (flags.DEFINE_string, "beam_pipeline_options", "", beam_pipeline.OPTIONS_HELP),
 )
 
 
@@ -37,15 +43,47 @@ def _run_checked(fv: flags.FlagValues) -> str:
         raise ValueError("--vocab_size must be > 0 and --num_unused >= 0")
     if fv.type not in ("wordpiece", "sentencepiece"):
         raise ValueError(f"--type={fv.type}: expected wordpiece or sentencepiece")
+    beam_pipeline.check_runner(fv.runner, fv.beam_pipeline_options)
+    if fv.runner != "local":
+        beam_pipeline.require(fv.runner)  # one line without the beam extra
     from bertjax.data import vocab  # TensorFlow: only after the flags parsed
 
     files = vocab.expand_globs(fv.input_file)
+    if fv.type == "wordpiece":
+        vocab.check_wordpiece_size(fv.vocab_size, fv.num_unused)
+    if fv.runner != "local":
+        print(f"Beam: --runner={fv.runner} {fv.beam_pipeline_options}".rstrip(), flush=True)
     if fv.type == "sentencepiece":
-        vocab.train_sentencepiece(files, fv.output_file, fv.vocab_size, fv.do_lower_case)
+        sentences = _sentence_sample(fv, files)
+        vocab.train_sentencepiece(sentences, files, fv.output_file, fv.vocab_size, fv.do_lower_case)
         return f"wrote sentencepiece model {fv.output_file}"
-    tokens = vocab.build_wordpiece_vocab(files, fv.vocab_size, fv.do_lower_case, fv.num_unused)
+    counts = _word_counts(fv, files)
+    tokens = vocab.learn_wordpiece(counts, fv.vocab_size, fv.num_unused, files)
     vocab.write_vocab(tokens, fv.output_file)
     return f"wrote {len(tokens)} tokens to {fv.output_file}"
+
+
+def _word_counts(fv: flags.FlagValues, files: list[str]) -> dict[str, int]:
+    """Counted here (``--runner=local``) or by Beam's workers: the same counts."""
+    from bertjax.data import vocab
+
+    if fv.runner == "local":
+        return vocab.count_words(files, fv.do_lower_case)
+    from bertjax.data import vocab_beam
+
+    beam = (fv.output_file, fv.runner, fv.beam_pipeline_options)
+    return vocab_beam.count_words(files, fv.do_lower_case, *beam)
+
+
+def _sentence_sample(fv: flags.FlagValues, files: list[str]) -> list[str]:
+    """Drawn here (``--runner=local``) or by Beam's workers: the same sample."""
+    from bertjax.data import vocab
+
+    if fv.runner == "local":
+        return vocab.sample_sentences(vocab.read_sentences(files))
+    from bertjax.data import vocab_beam
+
+    return vocab_beam.sample_sentences(files, fv.output_file, fv.runner, fv.beam_pipeline_options)
 
 
 def run(flag_values: flags.FlagValues) -> int:
@@ -55,7 +93,7 @@ def run(flag_values: flags.FlagValues) -> int:
 
 
 def main() -> None:
-    cli.run(run, define_flags, prog="vocab")
+    cli.run(run, define_flags, prog="vocab", rest_flag="beam_pipeline_options")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shlex
 import uuid
 from collections.abc import Callable, Iterator
@@ -61,14 +62,32 @@ def require(runner: str):
     return apache_beam
 
 
+def _not_an_input_error(record: logging.LogRecord) -> bool:
+    """Beam logs a worker's exception with its traceback before it raises it here; an input
+    error (DataError) is the command's one line, so its record is dropped."""
+    return not (record.exc_info and isinstance(record.exc_info[1], DataError))
+
+
 def run(runner: str, pipeline_options: str, build: Callable) -> None:
-    """Builds (``build(pipeline)``) and runs a pipeline on ``runner``, waiting for it."""
+    """Builds (``build(pipeline)``) and runs a pipeline on ``runner``, waiting for it.
+
+    A DataError raised in a worker reaches the command as itself, without the step name Beam
+    appends (``... [while running 'CountWords']``)."""
     beam = require(runner)
     from apache_beam.options.pipeline_options import PipelineOptions
 
     options = PipelineOptions([f"--runner={runner}", *shlex.split(pipeline_options)])
-    with beam.Pipeline(options=options) as pipeline:
-        build(pipeline)
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(_not_an_input_error)
+    try:
+        with beam.Pipeline(options=options) as pipeline:
+            build(pipeline)
+    except DataError as e:
+        raise DataError(str(e).split(" [while running")[0]) from None
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_not_an_input_error)
 
 
 @contextlib.contextmanager

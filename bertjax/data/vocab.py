@@ -9,15 +9,24 @@ words are rare), then the learned pieces by frequency.
 
 SentencePiece: a unigram model with ``[PAD]`` (id 0) as the pad piece, ``[UNK]`` (id 1) as the
 unknown piece and ``[CLS] [SEP] [MASK]`` (ids 2-4) as control symbols; the output is the
-``.model`` file. Inputs may be gzip'd (``*.gz``). Outputs are written atomically
-(``bertjax.atomic``, local or ``gs://``), so a failed run leaves nothing behind.
+``.model`` file. It trains on at most ``SENTENCE_SAMPLE`` non-blank lines: those with the smallest
+``sentence_key`` (a hash), in that order, a uniform sample that is the same however the corpus is
+read. Inputs may be gzip'd (``*.gz``). Outputs are written atomically (``bertjax.atomic``, local
+or ``gs://``), so a failed run leaves nothing behind.
+
+Both learners take what the corpus reading gives them (word counts; the sentence sample), so the
+reading can run elsewhere, on Beam (``bertjax.data.vocab_beam``), with the same result: the
+WordPiece learner sorts the counts it is given (ties by token) and the sample does not depend on
+the order lines arrive in.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import heapq
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import tensorflow as tf
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
@@ -26,6 +35,7 @@ from bertjax import atomic
 from bertjax.data import tokenization
 
 _BATCH_LINES = 4096
+SENTENCE_SAMPLE = 2_000_000  # lines SentencePiece trains on, at most (its own default cap)
 
 
 class VocabError(ValueError):
@@ -57,48 +67,66 @@ def _line_batches(path: str) -> Iterator[tf.Tensor]:
         raise VocabError(f"input file {path}: unreadable ({e.message.splitlines()[0]})") from None
 
 
+class WordCounter:
+    """Word -> count of line batches, after BERT's normalisation and pre-tokenization (the
+    tokenizer's own code, ``bertjax.data.tokenization``)."""
+
+    def __init__(self, do_lower_case: bool):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])  # one trace
+        def words_of(lines):
+            # Fails on invalid UTF-8, which the string ops below would otherwise mangle silently.
+            lines = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="strict")
+            normalized = tokenization.bert_normalize(lines, do_lower_case)
+            return tokenization.split_words(normalized).flat_values
+
+        self._words_of, self._counts = words_of, collections.Counter()
+
+    def add(self, lines) -> None:
+        """``lines``: <string>[N], a tensor or array (tf.errors.InvalidArgumentError if not
+        UTF-8)."""
+        self._counts.update(self._words_of(lines).numpy().tolist())
+
+    def take(self) -> dict[str, int]:
+        """The counts so far (then zero: the next ``add`` starts afresh)."""
+        counts = {word.decode("utf-8"): n for word, n in self._counts.items()}
+        self._counts = collections.Counter()
+        return counts
+
+
 def count_words(files: list[str], do_lower_case: bool) -> collections.Counter:
     """Word -> count over all files, after BERT's normalisation and pre-tokenization."""
-
-    @tf.function
-    def words_of(lines):
-        # Fails on invalid UTF-8, which the string ops below would otherwise mangle silently.
-        lines = tf.strings.unicode_transcode(lines, "UTF-8", "UTF-8", errors="strict")
-        normalized = tokenization.bert_normalize(lines, do_lower_case)
-        return tokenization.split_words(normalized).flat_values
-
-    counts: collections.Counter = collections.Counter()
+    counter = WordCounter(do_lower_case)
     for path in files:
-        file_counts: collections.Counter = collections.Counter()
         try:
             for lines in _line_batches(path):
-                file_counts.update(words_of(lines).numpy().tolist())
+                counter.add(lines)
         except tf.errors.InvalidArgumentError:
             raise VocabError(f"input file {path}: not UTF-8") from None
-        counts.update({word.decode("utf-8"): n for word, n in file_counts.items()})
-    if not counts:
-        raise VocabError(f"input files {','.join(files)}: no words (empty corpus)")
-    return counts
+    return collections.Counter(counter.take())
 
 
 def reserved_tokens(num_unused: int) -> list[str]:
     return [*tokenization.SPECIAL_TOKENS, *(f"[unused{i}]" for i in range(num_unused))]
 
 
-def build_wordpiece_vocab(
-    files: list[str], vocab_size: int, do_lower_case: bool = True, num_unused: int = 0
-) -> list[str]:
-    """Learns at most ``vocab_size`` WordPiece entries (layout in the module docstring)."""
+def check_wordpiece_size(vocab_size: int, num_unused: int) -> None:
     reserved = reserved_tokens(num_unused)
     if vocab_size <= len(reserved):
         raise VocabError(
             f"--vocab_size={vocab_size} must exceed the {len(reserved)} reserved tokens"
         )
-    counts = count_words(files, do_lower_case)
-    vocab = learner.learn(
+
+
+def learn_wordpiece(
+    counts: dict[str, int], vocab_size: int, num_unused: int, files: list[str]
+) -> list[str]:
+    """tensorflow-text's WordPiece learner on word ``counts`` of ``files`` (named in errors)."""
+    if not counts:
+        raise VocabError(f"input files {','.join(files)}: no words (empty corpus)")
+    vocab = learner.learn(  # it sorts what it is given (ties by token): order does not matter
         counts.items(),
         vocab_size,
-        reserved,
+        reserved_tokens(num_unused),
         lower_thresh=1,  # small corpora: let the threshold search go down to count 1
         max_unique_chars=2000,
         max_token_length=50,
@@ -112,7 +140,8 @@ def write_vocab(vocab: list[str], path: str) -> None:
     atomic.write_bytes(path, ("\n".join(vocab) + "\n").encode("utf-8"))
 
 
-def _sentences(files: list[str]) -> Iterator[str]:
+def read_sentences(files: list[str]) -> Iterator[str]:
+    """The non-blank lines of ``files``."""
     for path in files:
         for lines in _line_batches(path):
             for line in lines.numpy().tolist():
@@ -123,16 +152,28 @@ def _sentences(files: list[str]) -> Iterator[str]:
                         raise VocabError(f"input file {path}: not UTF-8 ({e.reason})") from None
 
 
+def sentence_key(sentence: str) -> tuple[int, str]:
+    """What the SentencePiece sample sorts by: a 64-bit hash of the line, then the line."""
+    digest = hashlib.blake2b(sentence.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big"), sentence
+
+
+def sample_sentences(sentences: Iterable[str], limit: int = SENTENCE_SAMPLE) -> list[str]:
+    """The ``limit`` sentences with the smallest ``sentence_key``, in key order."""
+    return [sentence for _, sentence in heapq.nsmallest(limit, map(sentence_key, sentences))]
+
+
 def train_sentencepiece(
-    files: list[str], output_file: str, vocab_size: int, do_lower_case: bool = True
+    sentences: list[str], files: list[str], output_file: str, vocab_size: int, do_lower_case: bool
 ) -> None:
-    """Trains a unigram SentencePiece model with the BERT special tokens at ids 0-4."""
+    """A unigram SentencePiece model with the BERT special tokens at ids 0-4, trained on
+    ``sentences`` (``sample_sentences`` of ``files``, named in errors)."""
     import sentencepiece as spm
 
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_sentences(files),
+            sentence_iterator=iter(sentences),
             model_writer=model,
             vocab_size=vocab_size,
             model_type="unigram",
@@ -145,8 +186,7 @@ def train_sentencepiece(
             control_symbols=["[CLS]", "[SEP]", "[MASK]"],
             normalization_rule_name="nmt_nfkc_cf" if do_lower_case else "nmt_nfkc",
             hard_vocab_limit=False,
-            input_sentence_size=2_000_000,
-            shuffle_input_sentence=True,
+            input_sentence_size=0,  # all of them: the sample is already drawn
             minloglevel=2,
         )
     except RuntimeError as e:

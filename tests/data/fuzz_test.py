@@ -189,7 +189,8 @@ def _sentencepiece_model(tmp_path) -> bytes:
     corpus = tmp_path / "corpus.txt"
     with gzip.open(bundled.EVAL_CORPUS, "rt", encoding="utf-8") as f:
         corpus.write_text("".join(line for line, _ in zip(f, range(300), strict=False)))
-    vocab.train_sentencepiece([str(corpus)], str(tmp_path / "sp.model"), 120, False)
+    sentences = vocab.sample_sentences(vocab.read_sentences([str(corpus)]))
+    vocab.train_sentencepiece(sentences, [str(corpus)], str(tmp_path / "sp.model"), 120, False)
     return (tmp_path / "sp.model").read_bytes()
 
 

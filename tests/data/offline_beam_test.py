@@ -3,36 +3,23 @@ bytes ``--runner=local`` writes: unpacked in one process, and packed with two wo
 (Beam's multi-processing DirectRunner, its options after ``--`` on the real command line); it
 prints the same statistics; bad runners and a missing Beam are one-line errors."""
 
-import gzip
-import itertools
 import pathlib
 import subprocess
 import sys
 
 import pytest
-from absl import flags
 
-from bertjax import cli, create_pretraining_data
 from bertjax.data import bundled
+from tests.data import offline_test
+
+corpus = offline_test.corpus  # the fixture
+_run = offline_test._run  # the command in-process
 
 REPO = pathlib.Path(__file__).parents[2]
-TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("c") / "corpus.txt.gz"
-    with gzip.open(bundled.TRAIN_CORPUS, "rt") as f, gzip.open(path, "wt") as out:
-        out.write("".join(itertools.islice(f, 600)))
-    return path
-
-
-def _run(argv):
-    """The command in this process."""
-    values = flags.FlagValues()
-    create_pretraining_data.define_flags(values)
-    values(["create_pretraining_data", *argv])
-    return cli.call(create_pretraining_data.run, values, prog="create_pretraining_data")
+# Beam 2.77's DirectRunner first tries Prism, whose binary it downloads from GitHub; a local path
+# that does not exist keeps the tests hermetic: it falls back to its Python runner at once.
+NO_PRISM = "--prism_location=/nonexistent/prism"
+TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing", NO_PRISM]
 
 
 def _argv(corpus, out, *more):
@@ -70,7 +57,8 @@ def test_direct_runner_writes_the_local_bytes(corpus, tmp_path, capsys, more, tw
         )
         assert f"Beam: --runner=DirectRunner {' '.join(TWO_WORKERS)}\n" in beam_out
     else:
-        assert _run(_argv(corpus, beam, "--runner=DirectRunner", *more)) == 0
+        options = f"--beam_pipeline_options={NO_PRISM}"
+        assert _run(_argv(corpus, beam, "--runner=DirectRunner", options, *more)) == 0
         beam_out = capsys.readouterr().out
     want, got = _shards(local), _shards(beam)
     assert len(want) == 3 and all(want.values())
@@ -89,6 +77,15 @@ def test_bad_runner_and_options_are_one_line_errors(corpus, tmp_path, capsys):
     assert _run(_argv(corpus, out, "--runner=DirectRunner", "--beam_pipeline_options='a")) == 1
     assert '--beam_pipeline_options="\'a": No closing quotation' in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+    bad = tmp_path / "bad.txt"  # an input error inside a worker: the same one line as locally
+    bad.write_bytes(b"One document.\nTwo lines.\n\nAnother \xff one.\n\nA third.\n")
+    options = f"--beam_pipeline_options={NO_PRISM}"
+    assert _run(_argv(bad, out, "--runner=DirectRunner", options)) == 1
+    assert (
+        capsys.readouterr().err
+        == f"create_pretraining_data: error: {bad}: not UTF-8 text (byte 34)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
 
 
 def test_without_beam_the_runner_says_how_to_install(corpus, tmp_path):

@@ -95,7 +95,8 @@ def test_wordpiece_vocab_round_trip(uncased_vocab, corpus):
 
 def test_cased_vocab_keeps_case(corpus, tmp_path):
     files = vocab_lib.expand_globs(corpus[0])
-    tokens = vocab_lib.build_wordpiece_vocab(files, 700, do_lower_case=False)
+    counts = vocab_lib.count_words(files, do_lower_case=False)
+    tokens = vocab_lib.learn_wordpiece(counts, 700, 0, files)
     assert len(tokens) <= 700 and tokens[:5] == list(tokenization.SPECIAL_TOKENS)
     assert any(t != t.lower() for t in tokens[5:])
     path = tmp_path / "cased.txt"
