@@ -1,12 +1,14 @@
 """The data commands with every path on gs://, against the same command on local files.
 
 ``create_pretraining_data`` (text corpus and vocab on gs:// -> TFRecords on gs://; the
-``gcs_data`` fixture runs it), ``data_stats`` on those TFRecords and on the online pipeline over
-the gs:// corpus, and ``vocab`` (corpus -> vocab.txt on gs://): each output must equal, byte for
-byte, what the command writes or prints with local paths (run here, in-process).
+``gcs_data`` fixture runs it; and on Beam's DirectRunner from a gzip'd corpus), ``data_stats`` on
+those TFRecords and on the online pipeline over the gs:// corpus, and ``vocab`` (corpus ->
+vocab.txt on gs://, locally and on Beam): each output must equal, byte for byte, what the command
+writes or prints with local paths (run here, in-process).
 """
 
 import contextlib
+import gzip
 import hashlib
 import importlib
 import io
@@ -18,6 +20,7 @@ from absl import flags
 
 from bertjax import cli
 from bertjax.data import bundled
+from tests.data.offline_beam_test import NO_PRISM
 from tests.gcs.conftest import DATA_BUCKET, MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, upload
 
 pytestmark = pytest.mark.xdist_group("gcs")
@@ -77,6 +80,23 @@ def test_create_pretraining_data_reads_and_writes_gs(gcs, gcs_data, local_record
     assert not (REPO / "gs:").exists()  # no local directory named after the bucket
 
 
+def test_create_pretraining_data_on_beam_reads_and_writes_gs(
+    gcs, gcs_data, local_records, tmp_path
+):
+    """--runner=DirectRunner from a gzip'd gs:// corpus (split into plain pieces in a gs://
+    scratch) to gs:// shards: the local builder's bytes, and no scratch object left behind."""
+    gzipped = tmp_path / "corpus.txt.gz"
+    gzipped.write_bytes(gzip.compress(gcs_data.local_corpus.read_bytes()))
+    base = f"gs://{DATA_BUCKET}/beam"
+    upload(gcs, {gzipped: f"{base}/in/corpus.txt.gz"})
+    out = _on_gcs(gcs, "create_pretraining_data", f"--input_file={base}/in/*.gz",
+                  f"--output_file={base}/out/train.tfrecord", "--num_output_shards=2",
+                  f"--vocab_file={gcs_data.vocab}", *SHAPE, "--dupe_factor=2",
+                  "--runner=DirectRunner", "--", NO_PRISM)  # fmt: skip
+    assert out.startswith(f"Beam: --runner=DirectRunner {NO_PRISM}\n")
+    assert _objects(gcs, f"{base}/out/") == _files(local_records)
+
+
 def test_data_stats_on_gs_tfrecords_and_on_the_gs_corpus(gcs, gcs_data, local_records, tmp_path):
     remote = _on_gcs(gcs, "data_stats", f"--input_file={gcs_data.tfrecords}",
                      f"--vocab_file={gcs_data.vocab}", *SHAPE)  # fmt: skip
@@ -110,3 +130,8 @@ def test_vocab_from_a_gs_corpus_to_gs(gcs, gcs_data, tmp_path):
     (tmp_path / "out").mkdir()
     _here("vocab", f"--input_file={corpus}", f"--output_file={tmp_path}/out/vocab.txt", *flags_)
     assert _objects(gcs, f"gs://{DATA_BUCKET}/vocab/") == _files(tmp_path / "out")
+    # Counted by Beam's workers from gs://, the scratch beside the gs:// output: the same vocab.
+    _on_gcs(gcs, "vocab", f"--input_file=gs://{DATA_BUCKET}/small/*.txt",
+            f"--output_file=gs://{DATA_BUCKET}/vocab-beam/vocab.txt", *flags_,
+            "--runner=DirectRunner", f"--beam_pipeline_options={NO_PRISM}")  # fmt: skip
+    assert _objects(gcs, f"gs://{DATA_BUCKET}/vocab-beam/") == _files(tmp_path / "out")
