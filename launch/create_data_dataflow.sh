@@ -14,10 +14,7 @@
 #   1. python -m build --sdist: this checkout as a source package, in a fresh directory;
 #   2. python -m bertjax.create_pretraining_data --runner=DataflowRunner ..., with Beam's options
 #      --project --region --temp_location --job_name and --extra_package=<the sdist>.
-# Staging is the sdist through --extra_package: each Dataflow worker pip-installs exactly this
-# checkout (uncommitted changes too) with the dependencies setup.cfg states, and nothing has to
-# be published or built into an image. Dataflow's default container runs the Python minor
-# version that launched the job, so launch with the Python (>= 3.11) the workers should use.
+# Staging: an sdist of this checkout through --extra_package (launch/dataflow.sh says why).
 # This machine reads the corpus once to cut it into work units (no tokenizing) and waits for the
 # job; the workers tokenize, mask and write. Then train with launch/run_pretraining.sh and
 # DATA='gs://BUCKET/tfrecords/train.tfrecord-*'.
@@ -29,61 +26,23 @@
 #   VOCAB             the vocab on GCS (vocab.txt, or a SentencePiece .model), read by workers
 # Optional:
 #   TEMP_LOCATION     Dataflow's staging and temp files (default gs://<OUTPUT's bucket>/dataflow)
-#   JOB_NAME          default bertjax-data-<UTC time>
+#   JOB_NAME          default bertjax-create-pretraining-data-<UTC time>
 #   MAX_WORKERS       --max_num_workers (Dataflow's autoscaling ceiling)
 #   MACHINE_TYPE      --worker_machine_type, e.g. n2-standard-8
 #   PYTHON            default python3, with bertjax[beam] installed (pip install -e '.[beam]')
 #   DRY_RUN=1         print the commands instead of running them
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
+# shellcheck source=dataflow.sh
+source "$(dirname "$0")/dataflow.sh"
 handle_help "$@"
 
-require PROJECT "the Google Cloud project"
-require REGION "the Dataflow region, e.g. us-central1"
 require INPUT "text on GCS, e.g. 'gs://BUCKET/corpus/*.txt.gz'"
 require OUTPUT "gs://BUCKET/DIR/NAME.tfrecord"
 require VOCAB "the vocab on GCS, e.g. gs://BUCKET/vocab.txt"
-
-# require_gcs VAR: every comma-separated entry of $VAR is a gs:// path (the workers read it).
-require_gcs() {
-  local path paths
-  IFS=, read -ra paths <<<"${!1}"
-  for path in "${paths[@]}"; do
-    [[ "$path" =~ ^gs://[^/]+/. ]] || die "$1 has '$path', not a gs:// path (Dataflow's workers read it)"
-  done
-}
 require_gcs INPUT
 require_gcs OUTPUT
 require_gcs VOCAB
-bucket="${OUTPUT#gs://}"
-bucket="${bucket%%/*}"
-TEMP_LOCATION="${TEMP_LOCATION:-gs://$bucket/dataflow}"
-require_gcs TEMP_LOCATION
-JOB_NAME="${JOB_NAME:-bertjax-data-$(date -u +%Y%m%d-%H%M%S)}"
-[[ "$JOB_NAME" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] \
-  || die "JOB_NAME=$JOB_NAME: Dataflow takes lower-case letters, digits and '-', starting with a letter"
-PYTHON="${PYTHON:-python3}"
-for arg in "$@"; do
-  case "$arg" in
-    --input_file=* | --output_file=* | --vocab_file=* | --runner=* | --beam_pipeline_options=*)
-      die "${arg%%=*} comes from the variables (see --help), not the arguments" ;;
-  esac
-done
-
-repo="$(cd "$LAUNCH_DIR/.." && pwd)"
-version="$(sed -n 's/^version *= *//p' "$repo/setup.cfg")"
-[[ -n "$version" ]] || die "$repo/setup.cfg has no version line"
-dist="$(mktemp -d "${TMPDIR:-/tmp}/bertjax-sdist.XXXXXX")"
-trap 'rm -rf "$dist"' EXIT
-sdist="$dist/bertjax-$version.tar.gz"
-
-options=(--project="$PROJECT" --region="$REGION" --temp_location="$TEMP_LOCATION")
-options+=(--job_name="$JOB_NAME" --extra_package="$sdist")
-[[ -z "${MAX_WORKERS:-}" ]] || options+=(--max_num_workers="$MAX_WORKERS")
-[[ -z "${MACHINE_TYPE:-}" ]] || options+=(--worker_machine_type="$MACHINE_TYPE")
-
-run "$PYTHON" -m build --sdist --outdir "$dist" "$repo"
-[[ "${DRY_RUN:-0}" == 1 || -f "$sdist" ]] || die "python -m build wrote no $sdist"
-run "$PYTHON" -m bertjax.create_pretraining_data --runner=DataflowRunner \
-  --input_file="$INPUT" --output_file="$OUTPUT" --vocab_file="$VOCAB" \
-  --beam_pipeline_options="$(shell_quote "${options[@]}")" "$@"
+refuse_flags input_file output_file vocab_file runner beam_pipeline_options -- "$@"
+dataflow_run create_pretraining_data \
+  --input_file="$INPUT" --output_file="$OUTPUT" --vocab_file="$VOCAB" "$@"

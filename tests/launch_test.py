@@ -9,6 +9,7 @@ workers: the unpacked or cloned code, the uv calls, and the exact argv of ``bert
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import signal
@@ -21,7 +22,7 @@ import pytest
 REPO = pathlib.Path(__file__).parents[1]
 FAKES = pathlib.Path(__file__).parent / "testdata" / "launch"
 SCRIPTS = ["create_tpu_vm.sh", "setup_tpu_vm.sh", "run_pretraining.sh", "tail_logs.sh"]
-SCRIPTS += ["delete_tpu_vm.sh", "create_data_dataflow.sh"]
+SCRIPTS += ["delete_tpu_vm.sh", "create_data_dataflow.sh", "create_vocab_dataflow.sh"]
 ZONE = "us-central2-b"
 QR_CREATE = ["compute", "tpus", "queued-resources", "create", "bert-pod", "--node-id=bert-pod"]
 DESCRIBE = ["compute", "tpus", "queued-resources", "describe", "bert-pod"]
@@ -151,6 +152,8 @@ def test_help_prints_the_usage_header(tmp_path, script):
         ("delete_tpu_vm.sh", "TPU_NAME", "set TPU_NAME (the queued resource's name, as given"),
         ("create_data_dataflow.sh", "REGION", "set REGION (the Dataflow region, e.g. us-central1)"),
         ("create_data_dataflow.sh", "VOCAB", "set VOCAB (the vocab on GCS, e.g. gs://BUCKET/vo"),
+        ("create_vocab_dataflow.sh", "PROJECT", "set PROJECT (the Google Cloud project)"),
+        ("create_vocab_dataflow.sh", "OUTPUT", "set OUTPUT (gs://BUCKET/DIR/vocab.txt)"),
     ],
 )
 def test_a_missing_variable_is_one_line_and_exit_1(tmp_path, script, unset, message):
@@ -497,11 +500,41 @@ def test_dataflow_builds_an_sdist_and_runs_the_builder_on_dataflow(tmp_path):
     )
     assert builder["argv"] == [
         "-m", "bertjax.create_pretraining_data", "--runner=DataflowRunner",
-        "--input_file=gs://bkt/corpus/*.txt.gz", "--output_file=gs://bkt/tfrecords/train.tfrecord",
-        "--vocab_file=gs://bkt/vocab.txt", f"--beam_pipeline_options={options}", *flags,
+        f"--beam_pipeline_options={options}", "--input_file=gs://bkt/corpus/*.txt.gz",
+        "--output_file=gs://bkt/tfrecords/train.tfrecord", "--vocab_file=gs://bkt/vocab.txt",
+        *flags,
     ]  # fmt: skip
     assert not pathlib.Path(dist).exists()  # the sdist's directory is removed
     assert launch.calls() == []  # no gcloud: Beam's Dataflow runner submits the job
+
+
+def test_vocab_on_dataflow_builds_an_sdist_and_runs_the_vocab_builder(tmp_path):
+    launch = Launch(tmp_path)
+    flags = ["--vocab_size=30522", "--num_unused=994"]
+    env = {**DATAFLOW, "OUTPUT": "gs://bkt/vocab/vocab.txt", "PYTHON": "python-local"}
+    env.update(VOCAB=None, MACHINE_TYPE="n2-x")
+    result = launch("create_vocab_dataflow.sh", *flags, **env)
+    assert result.returncode == 0, result.stderr
+    build, builder = _records(tmp_path / "python.jsonl")
+    dist = build["argv"][4]
+    assert build["argv"] == ["-m", "build", "--sdist", "--outdir", dist, str(REPO)]
+    options = shlex.split(_flag(builder["argv"], "--beam_pipeline_options"))
+    assert options[:3] == [
+        "--project=proj",
+        "--region=us-central1",
+        "--temp_location=gs://bkt/dataflow",
+    ]
+    assert re.fullmatch(r"--job_name=bertjax-vocab-\d{8}-\d{6}", options[3])
+    assert options[4:] == [
+        f"--extra_package={dist}/bertjax-{VERSION}.tar.gz",
+        "--worker_machine_type=n2-x",
+    ]
+    assert builder["argv"] == [
+        "-m", "bertjax.vocab", "--runner=DataflowRunner", builder["argv"][3],
+        "--input_file=gs://bkt/corpus/*.txt.gz", "--output_file=gs://bkt/vocab/vocab.txt", *flags,
+    ]  # fmt: skip
+    assert not pathlib.Path(dist).exists()
+    assert launch.calls() == []
 
 
 def test_dataflow_dry_run_prints_both_commands_and_runs_none(tmp_path):
@@ -522,13 +555,17 @@ def test_dataflow_dry_run_prints_both_commands_and_runs_none(tmp_path):
         ({"INPUT": "gs://bkt/a.txt,b.txt"}, [], "INPUT has 'b.txt', not a gs:// path"),
         ({"JOB_NAME": "Job_1"}, [], "JOB_NAME=Job_1: Dataflow takes lower-case letters"),
         ({}, ["--vocab_file=v.txt"], "--vocab_file comes from the variables"),
+        ({}, ["--runner", "x"], "--runner comes from the variables"),
+        ({"SCRIPT": "create_vocab_dataflow.sh"}, ["--output_file=v"], "--output_file comes from"),
+        ({"SCRIPT": "create_vocab_dataflow.sh", "OUTPUT": "v.txt"}, [], "OUTPUT has 'v.txt', not"),
     ],
 )
 def test_dataflow_bad_settings_are_one_line(tmp_path, env, args, message):
     launch = Launch(tmp_path)
-    result = launch("create_data_dataflow.sh", *args, **{**DATAFLOW, **env})
+    script = env.pop("SCRIPT", "create_data_dataflow.sh")
+    result = launch(script, *args, **{**DATAFLOW, **env})
     assert result.returncode == 1
-    assert result.stderr == f"create_data_dataflow.sh: error: {result.stderr.split('error: ')[1]}"
+    assert result.stderr == f"{script}: error: {result.stderr.split('error: ')[1]}"
     assert message in result.stderr and result.stderr.count("\n") == 1
 
 
