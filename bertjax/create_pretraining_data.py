@@ -65,7 +65,7 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         flags.DEFINE_integer,
         "num_workers",
         0,
-        "Worker processes; 0: every core, but no more than the corpus's work units.",
+        "Worker processes; 0: every core, but no more than the corpus's work units (estimated).",
     ),  # fmt: skip
     (
         flags.DEFINE_integer,
@@ -158,8 +158,8 @@ def run(values) -> int:
 
 
 def main() -> None:
-    # This process only cuts the corpus into units and appends the workers' shards: with local
-    # paths it never imports TensorFlow (4-5 s and ~700 MiB it would spend for nothing).
+    # This process only lists the files' sizes and appends the workers' shards: with local paths
+    # it never imports TensorFlow (4-5 s and ~700 MiB it would spend for nothing).
     cli.run(
         run, define_flags, prog="create_pretraining_data", tensorflow=False,
         rest_flag="beam_pipeline_options",

@@ -15,8 +15,8 @@
 #   2. python -m bertjax.create_pretraining_data --runner=DataflowRunner ..., with Beam's options
 #      --project --region --temp_location --job_name and --extra_package=<the sdist>.
 # Staging: an sdist of this checkout through --extra_package (launch/dataflow.sh says why).
-# This machine reads the corpus once to cut it into work units (no tokenizing) and waits for the
-# job; the workers tokenize, mask and write. Then train with launch/run_pretraining.sh and
+# This machine only lists the input files' sizes and waits for the job; the workers cut the corpus
+# into work units, tokenize, mask and write. Then train with launch/run_pretraining.sh and
 # DATA='gs://BUCKET/tfrecords/train.tfrecord-*'.
 # Required:
 #   PROJECT, REGION   the Google Cloud project and the Dataflow region, e.g. us-central1

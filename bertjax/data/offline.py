@@ -4,25 +4,25 @@ The command is ``python -m bertjax.create_pretraining_data``
 (``bertjax/create_pretraining_data.py``, the original script's flags). Records parse with the
 original ``run_pretraining.py`` spec (``bertjax.data.tfrecords``).
 
-Unlike the original it streams with bounded memory and uses every core: one pass (no
-tokenizing) cuts the corpus at document starts into work units of ``--work_unit_bytes`` of text
-and at least 2 documents (``sources.work_units``); spawned worker processes (TensorFlow in
-each) tokenize, pair, shuffle (a bounded buffer of ``--shuffle_buffer`` instances), mask and
-serialize one unit at a time into scratch files, which this process appends to the output
-shards in unit order. Record ``j`` of unit ``u`` goes to shard ``(u + j) % num_shards``, so
-every shard holds a slice of every unit. All randomness is keyed by ``(--random_seed, unit)``:
-the output is a pure function of the flags and the corpus, identical for any ``--num_workers``.
+Unlike the original it streams with bounded memory and uses every core. Spawned worker processes
+(TensorFlow in each) cut the corpus at document starts into work units of ``--work_unit_bytes``
+of text and at least 2 documents (``bertjax.data.work_units``: each worker cuts a span of the
+corpus, so no process reads it all; a ``.gz`` input is decompressed once, by the worker that cuts
+it, which writes each of its units' text to the scratch directory as a plain piece), then
+tokenize, pair, shuffle (a bounded buffer of ``--shuffle_buffer`` instances), mask and serialize
+one unit at a time into scratch files, which this process appends to the output shards in unit
+order. Record ``j`` of unit ``u`` goes to shard ``(u + j) % num_shards``, so every shard holds a
+slice of every unit. All randomness is keyed by ``(--random_seed, unit)``: the output is a pure
+function of the flags and the corpus, identical for any ``--num_workers``.
 NotNext segments are drawn from up to ``--random_doc_pool`` documents around the current one
 *within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
-instance; each of ``dupe_factor`` copies has its own pairing and mask). A ``.gz`` input is
-decompressed once, by the cutting pass, which also writes each of its units' text to the scratch
-directory as a plain piece (``sources.work_units``, ``split_dir``): a unit reads its own bytes.
-With ``--pack_sequences`` (``bertjax.data.packing``) each unit's masked instances, exactly the
-records the unpacked output would hold, are packed **per work unit** at its end: the unit is the
-packing window (a worker holds its masked instances, about ``4 * (3 L + 3 P + 1)`` bytes each),
-and its packed rows take the records' place (row ``j`` to shard ``(u + j) % num_shards``), so
-packed output is as independent of ``--num_workers`` as unpacked output. Shards are written
-atomically at the end (``bertjax.atomic``). Prints the ``bertjax.data.stats`` summary when done.
+instance; each of ``dupe_factor`` copies has its own pairing and mask). With ``--pack_sequences``
+(``bertjax.data.packing``) each unit's masked instances, exactly the records the unpacked output
+would hold, are packed **per work unit** at its end: the unit is the packing window (a worker
+holds its masked instances, about ``4 * (3 L + 3 P + 1)`` bytes each), and its packed rows take
+the records' place (row ``j`` to shard ``(u + j) % num_shards``), so packed output is as
+independent of ``--num_workers`` as unpacked output. Shards are written atomically at the end
+(``bertjax.atomic``). Prints the ``bertjax.data.stats`` summary when done.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 
 from bertjax import atomic
-from bertjax.data import instances, masking, packing, sources, stats, tfrecords
+from bertjax.data import instances, masking, packing, sources, stats, tfrecords, work_units
 from bertjax.data.instances import DataError
 
 _BLOCK = 512  # instances masked and serialized together
@@ -92,6 +92,7 @@ class Job:
     shuffle_buffer: int
     num_shards: int
     scratch_dir: str
+    unit_bytes: int
 
 
 _WORKER: dict = {}  # per process: the job, its tokenizer and masking spec (built once)
@@ -131,7 +132,13 @@ def unit_of(scratch_path: str) -> int:
     return int(os.path.basename(scratch_path).split("-")[1])
 
 
-def write_unit(unit: sources.WorkUnit) -> stats.Accumulator:
+def cut_span(span: work_units.Span) -> list[work_units.WorkUnit]:
+    """``work_units.cut_span`` in a worker: a ``.gz`` file's pieces go to the scratch directory."""
+    job = _WORKER["job"]
+    return work_units.cut_span(span, job.unit_bytes, split_dir=job.scratch_dir)
+
+
+def write_unit(unit: work_units.WorkUnit) -> stats.Accumulator:
     """Pairs, shuffles, masks and serializes one unit into per-shard scratch files.
 
     Everything is keyed by ``(seed, unit.index)``: pairing seed, shuffle order, masks, and the
@@ -145,7 +152,7 @@ def write_unit(unit: sources.WorkUnit) -> stats.Accumulator:
     job, data_config, tokenizer = _WORKER["job"], _WORKER["data_config"], _WORKER["tokenizer"]
     length = data_config.max_seq_length
     unit_seed = int(masking.hash_keys(job.seed, unit.index))
-    documents = sources.unit_documents(unit, _WORKER["tokenize"])
+    documents = work_units.unit_documents(unit, _WORKER["tokenize"])
     blocks = instances.generate_instances(documents, unit_seed, _WORKER["options"], unit.describe())
     rows = shuffled(blocks, job.shuffle_buffer, random.Random(unit_seed))
     totals = stats.Accumulator(length, tokenizer)
@@ -202,22 +209,23 @@ def _pack_unit(held, data_config) -> tuple[dict, np.ndarray, int]:
 
 @contextlib.contextmanager
 def _workers(job: Job, num_workers: int):
-    """Yields ``run(units) -> accumulators in unit order``: here (1 worker) or in ``num_workers``
-    spawned processes (TensorFlow in each; ``imap`` keeps the order)."""
+    """Yields ``run(function, items) -> results in item order``: here (1 worker) or in
+    ``num_workers`` spawned processes (TensorFlow in each; ``imap`` keeps the order)."""
     if num_workers <= 1:
         _init_worker(job)
-        yield lambda units: map(write_unit, units)
+        yield map
         return
     context = multiprocessing.get_context("spawn")  # fork after TensorFlow's threads is unsafe
     with context.Pool(num_workers, _init_worker, (job,)) as pool:
-        yield lambda units: pool.imap(write_unit, units)
+        yield pool.imap
 
 
 def default_workers(num_units: int, cores: int | None = None) -> int:
     """``--num_workers=0``: every core, but no more workers than units (each costs a TensorFlow
-    start-up). Measured (docs/benchmarks.md, "Offline TFRecords"): on an idle 2-core machine two
-    workers finished sooner than one from 4 MB (4 units) up, now that this process does not import
-    TensorFlow beside them."""
+    start-up; the units are estimated before the cut, ``work_units.estimated_units``). Measured
+    (docs/benchmarks.md, "Offline TFRecords"): on an idle 2-core machine two workers finished
+    sooner than one from 4 MB (4 units) up, now that this process does not import TensorFlow
+    beside them."""
     cores = cores or os.cpu_count() or 1
     return max(1, min(cores, num_units))
 
@@ -241,30 +249,27 @@ def write_tfrecords(
 ) -> dict:
     """Tokenizes, pairs, masks and writes ``paths``; returns the statistics of what was written.
 
-    The corpus is cut into work units (``sources.work_units``) that ``num_workers``
-    processes (0: ``default_workers``) turn into scratch shards; this process appends them to
-    the outputs in unit order (and deletes them), so the output is the same for any
-    ``num_workers``. With local paths this process never imports TensorFlow (seconds of CPU
-    that the workers need).
+    ``num_workers`` processes (0: ``default_workers``) cut the corpus's spans into work units
+    (``bertjax.data.work_units``) and turn the units into scratch shards; this process appends
+    them to the outputs in unit order (and deletes them), so the output is the same for any
+    ``num_workers``. With local paths this process never imports TensorFlow (seconds of CPU that
+    the workers need) and never reads the corpus.
     """
     scratch = tempfile.mkdtemp(prefix="bertjax-pretraining-data-")
-    job = Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
+    job = Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch, unit_bytes)
     total = None
     try:
         files = sources.resolve_files(data_config.input_files, "input_files")
-        units = sources.work_units(files, unit_bytes, split_dir=scratch)
-        if not units:
-            raise DataError(f"data.input_files {files}: no documents (empty input)")
-        workers = num_workers or default_workers(len(units))
-        # No more processes than units: each costs a TensorFlow start-up (~3-6 s of CPU).
-        with (
-            _workers(job, min(workers, len(units))) as run_units,
-            contextlib.ExitStack() as out,
-        ):
+        spans = work_units.spans(files, unit_bytes)
+        workers = num_workers or default_workers(work_units.estimated_units(spans, unit_bytes))
+        with _workers(job, workers) as run, contextlib.ExitStack() as out:
+            units = work_units.stitch(run(cut_span, spans))
+            if not units:
+                raise DataError(f"data.input_files {files}: no documents (empty input)")
             # Each shard lands atomically when every unit is in (bertjax.atomic); after a
             # failure no half-written shard is left behind.
             outputs = [out.enter_context(atomic.writer(p, "wb")) for p in paths]
-            for unit, stats in zip(units, run_units(units), strict=True):
+            for unit, stats in zip(units, run(write_unit, units), strict=True):
                 for shard, output in enumerate(outputs):
                     _append(unit_shard_path(scratch, unit.index, shard), output)
                 total = stats if total is None else total.merge(stats)

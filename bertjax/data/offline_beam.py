@@ -5,9 +5,11 @@ of the local process pool, and the same bytes out: the work unit stays the unit 
 and ``offline.write_unit`` makes each unit's records, so only who runs a unit and who appends
 the shards change.
 
-    units (cut here, one pass over the corpus without tokenizing, as the local builder does;
-           a .gz input's units are written to the scratch as plain pieces in the same pass)
-      | Create | Reshuffle                  spread over the workers
+    spans (work_units.spans: from file sizes, nothing read here)
+      | Create | Reshuffle | Map(_cut)      work_units.cut_span in a worker: the span's units (a
+                                            .gz file's as plain pieces in the scratch)
+      | ToList | FlatMap(_stitched)         work_units.stitch: every unit, numbered in order
+      | Reshuffle                           spread over the workers
       | ParDo(_WriteUnit)                   offline.write_unit: <scratch>/unit-U-shard-S files;
                                             yields the unit's stats (bertjax.data.stats)
       | CombineGlobally(_Merge)             every unit done: the run's statistics
@@ -30,7 +32,7 @@ from __future__ import annotations
 import apache_beam as beam  # the command has called beam_pipeline.require
 
 from bertjax import atomic
-from bertjax.data import beam_pipeline, offline, sources
+from bertjax.data import beam_pipeline, offline, sources, work_units
 from bertjax.data.instances import DataError
 
 
@@ -73,22 +75,40 @@ def _write_summary(total, scratch: str) -> None:
     beam_pipeline.write_result(total.summary(), scratch)
 
 
+def _cut(span: work_units.Span, job: offline.Job) -> tuple[int, list]:
+    return span.index, work_units.cut_span(span, job.unit_bytes, split_dir=job.scratch_dir)
+
+
+def _stitched(cut_spans: list[tuple[int, list]], files: list[str]) -> list:
+    units = work_units.stitch(units for _, units in sorted(cut_spans, key=lambda cut: cut[0]))
+    if not units:
+        raise DataError(f"data.input_files {files}: no documents (empty input)")
+    return units
+
+
 def write_tfrecords(
     data_config, paths, seed, shuffle_buffer, *, unit_bytes, runner, pipeline_options=""
 ) -> dict:
     """``offline.write_tfrecords`` on the Beam ``runner``; returns the statistics' summary."""
     files = sources.resolve_files(data_config.input_files, "input_files")
+    spans = work_units.spans(files, unit_bytes)  # file sizes only: the workers read
     with beam_pipeline.scratch_beside(paths[0]) as scratch:
-        units = sources.work_units(files, unit_bytes, split_dir=scratch)  # .gz: split here
-        if not units:
-            raise DataError(f"data.input_files {files}: no documents (empty input)")
-        job = offline.Job(data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch)
+        job = offline.Job(
+            data_config.to_dict(), seed, shuffle_buffer, len(paths), scratch, unit_bytes
+        )
 
         def build(pipeline):
-            total = (
+            units = (
                 pipeline
-                | "Units" >> beam.Create(units)
-                | "Spread" >> beam.Reshuffle()
+                | "Spans" >> beam.Create(spans)
+                | "SpreadSpans" >> beam.Reshuffle()
+                | "Cut" >> beam.Map(_cut, job)
+                | "AllCut" >> beam.combiners.ToList()
+                | "Stitch" >> beam.FlatMap(_stitched, files)
+                | "SpreadUnits" >> beam.Reshuffle()
+            )
+            total = (
+                units
                 | "WriteUnits" >> beam.ParDo(_WriteUnit(job))
                 | "Merge" >> beam.CombineGlobally(_merge)
             )

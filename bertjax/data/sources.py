@@ -1,5 +1,6 @@
 """Where pretraining rows come from: input globs, the tokenizer, the cached instance table for
-text/TFDS corpora, and pre-generated TFRecords in the original BERT format. No JAX.
+text/TFDS corpora, and pre-generated TFRecords in the original BERT format (a corpus cut into
+work units for the offline builder: ``bertjax.data.work_units``). No JAX.
 
 Instance table: the unmasked rows of ``instances.generate_instances`` (``<int32>[N, L+4]``)
 in one raw file under ``data.cache_dir`` (default ``$TMPDIR/bertjax_data_cache``), named by a
@@ -11,15 +12,12 @@ valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not gr
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
-import gzip
 import hashlib
 import json
 import os
 import tempfile
-import zlib
 
 import numpy as np
 
@@ -237,154 +235,3 @@ def open_or_build(data_config, tokenizer, split: str, seed: int) -> InstanceTabl
             f"{meta['instances']}; delete it to rebuild"
         )
     return InstanceTable(base + ".rows", row_length, num_rows, meta)
-
-
-# ---- work units: a text corpus cut at document boundaries into pieces that can be processed
-# ---- independently (bertjax.create_pretraining_data runs them in parallel processes)
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkUnit:
-    """Whole documents of ``ranges`` (``(file, start byte, stop byte)`` of the decompressed
-    text, in order; a range ends at a document end). ``index`` is the unit's place in the corpus.
-    ``pieces`` (empty, or one per range): a file holding exactly that range's bytes, its split
-    copy (a ``.gz`` input's, ``work_units(split_dir=...)``), or None to read ``file`` itself."""
-
-    index: int
-    ranges: tuple[tuple[str, int, int], ...]
-    pieces: tuple[str | None, ...] = ()
-
-    def describe(self) -> str:
-        return ", ".join(f"{path} bytes {start}-{stop}" for path, start, stop in self.ranges)
-
-    def joined(self, other: WorkUnit) -> WorkUnit:
-        """This unit with ``other``'s ranges after its own (and their pieces)."""
-        pieces = (*self.pieces_or_none(), *other.pieces_or_none())
-        return WorkUnit(self.index, self.ranges + other.ranges, pieces)
-
-    def pieces_or_none(self) -> tuple[str | None, ...]:
-        return self.pieces or (None,) * len(self.ranges)
-
-
-@contextlib.contextmanager
-def _open_text(path: str):
-    """A binary, seekable stream of a text file's contents (gzip'd when the name ends in .gz)."""
-    with open_file(path) as raw:
-        if not path.endswith(".gz"):
-            yield raw
-            return
-        with gzip.GzipFile(fileobj=raw) as text:
-            yield text
-
-
-class _Splitter:
-    """Copies a ``.gz`` input's decompressed lines into one plain piece per range under
-    ``directory`` (local or ``gs://``), so that a unit reads its own bytes, never decompressing
-    its file from the start (that would make a file of N units cost N^2/2 units of inflating)."""
-
-    def __init__(self, directory: str | None):
-        self.directory, self.count, self.file, self.buffer = directory, 0, None, []
-
-    def start(self, path: str) -> None:
-        if self.directory and path.endswith(".gz"):
-            self.file = open_file(f"{self.directory}/text-{self.count:06d}", "wb")
-            self.count += 1
-
-    def write(self, line: bytes) -> None:
-        if self.file is not None:
-            self.buffer.append(line)
-            if len(self.buffer) >= 4096:  # one storage write per few hundred kB, not per line
-                self.file.write(b"".join(self.buffer))
-                self.buffer = []
-
-    def finish(self) -> str | None:
-        """Closes the current piece; returns its path (None when this range is not split)."""
-        if self.file is None:
-            return None
-        self.file.write(b"".join(self.buffer))
-        self.file.close()
-        self.file, self.buffer = None, []
-        return f"{self.directory}/text-{self.count - 1:06d}"
-
-
-def work_units(files: list[str], unit_bytes: int, split_dir: str | None = None) -> list[WorkUnit]:
-    """Cuts the corpus into units of at least ``unit_bytes`` bytes and 2 documents (so NotNext
-    pairs can be drawn inside a unit), at document starts; the last unit absorbs a remainder
-    with fewer than 2 documents. A pure function of the files and ``unit_bytes``.
-
-    One pass reading lines without tokenizing (a few hundred MB/s); a document starts at a
-    non-blank line that follows a blank one (or the start of a file). With ``split_dir``, each
-    range of a ``.gz`` file is also written there as a plain piece (``WorkUnit.pieces``): the
-    one decompression of the file that this pass makes anyway serves every unit.
-    """
-    units, ranges, pieces = [], [], []  # ranges of the unit being built, and their pieces
-    size = documents = 0
-    splitter = _Splitter(split_dir)
-    for path in files:
-        start = position = 0
-        after_blank = True
-        try:
-            with _open_text(path) as f:
-                splitter.start(path)
-                for line in f:
-                    blank = not line.strip()
-                    if not blank and after_blank:  # a document starts here
-                        if size + position - start >= unit_bytes and documents >= 2:
-                            ranges.append((path, start, position))
-                            pieces.append(splitter.finish())
-                            units.append(WorkUnit(len(units), tuple(ranges), tuple(pieces)))
-                            ranges, pieces, size, documents, start = [], [], 0, 0, position
-                            splitter.start(path)
-                        documents += 1
-                    after_blank = blank
-                    position += len(line)
-                    splitter.write(line)
-        except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
-            raise DataError(f"{path}: cannot read ({e})") from None
-        piece = splitter.finish()
-        if position > start:
-            ranges.append((path, start, position))
-            pieces.append(piece)
-            size += position - start
-    if ranges:
-        rest = WorkUnit(len(units), tuple(ranges), tuple(pieces))
-        if documents < 2 and units:  # too small to pair on its own: join the previous unit
-            units[-1] = units[-1].joined(rest)
-        else:
-            units.append(rest)
-    return units
-
-
-def unit_lines(unit: WorkUnit) -> list[bytes]:
-    """The unit's lines (no line ends; a blank line after each range, which ends a document).
-    DataError naming the file and byte offset if the text is not UTF-8."""
-    lines = []
-    for (path, start, stop), piece in zip(unit.ranges, unit.pieces_or_none(), strict=True):
-        try:
-            if piece is not None:  # the range's split copy: exactly its bytes
-                with open_file(piece) as f:
-                    text = f.read()
-            else:
-                with _open_text(path) as f:
-                    f.seek(start)
-                    text = f.read(stop - start)
-        except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
-            raise DataError(f"{path}: cannot read ({e})") from None
-        try:
-            text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text (byte {start + e.start})") from None
-        lines.extend(line.rstrip(b"\r") for line in text.split(b"\n"))
-        lines.append(b"")
-    return lines
-
-
-def unit_documents(unit: WorkUnit, tokenize, batch_lines: int = 2048):
-    """Tokenized documents of ``unit`` (as ``instances.read_text_documents`` makes them);
-    ``tokenize`` is a ``instances.line_batch_tokenizer``."""
-    lines = unit_lines(unit)
-    batches = (
-        tokenize(np.array(lines[i : i + batch_lines], dtype=object))
-        for i in range(0, len(lines), batch_lines)
-    )
-    return instances.documents_from_batches(batches, unit.describe())

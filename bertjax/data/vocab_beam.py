@@ -2,12 +2,12 @@
 
 What runs where:
 
-- **Beam's workers** read the corpus, one work unit (``sources.work_units``, 16 MB of text; a
-  ``.gz`` input split into plain pieces by the cutting pass, as the offline builder does) at a
-  time, and for WordPiece normalise, split and count its words (``vocab.WordCounter``, the
-  tokenizer's own code) and sum the counts by word (``CombinePerKey(sum)``); for SentencePiece
-  they draw the sample (``Top.Smallest`` by ``vocab.sentence_key``).
-- **This process** cuts the units (one pass without tokenizing) and runs the learner on what
+- **Beam's workers** cut the corpus into work units (``bertjax.data.work_units``, 16 MB of text;
+  a ``.gz`` input into plain pieces, as the offline builder does) and read it one unit at a time:
+  for WordPiece they normalise, split and count its words (``vocab.WordCounter``, the tokenizer's
+  own code) and sum the counts by word (``CombinePerKey(sum)``); for SentencePiece they draw the
+  sample (``Top.Smallest`` by ``vocab.sentence_key``).
+- **This process** lists the files' sizes (``work_units.spans``) and runs the learner on what
   comes back: tensorflow-text's WordPiece learner on the counts, or SentencePiece's trainer on the
   sample. Both are single-process libraries; the counts hold one entry per distinct word and the
   sample at most ``vocab.SENTENCE_SAMPLE`` lines, so this process needs memory for those.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import apache_beam as beam  # the command has called beam_pipeline.require
 import numpy as np
 
-from bertjax.data import beam_pipeline, sources, vocab
+from bertjax.data import beam_pipeline, vocab, work_units
 
 UNIT_BYTES = 16 << 20  # the result does not depend on it: counts add up, the sample is order-free
 _BATCH_LINES = 4096
@@ -43,7 +43,7 @@ class _CountWords(beam.DoFn):
         self.counter = vocab.WordCounter(self.do_lower_case)  # once per worker: one trace
 
     def process(self, unit):
-        lines = sources.unit_lines(unit)  # DataError naming the file and byte if not UTF-8
+        lines = work_units.unit_lines(unit)  # DataError naming the file and byte if not UTF-8
         for i in range(0, len(lines), _BATCH_LINES):
             self.counter.add(np.array(lines[i : i + _BATCH_LINES], dtype=object))
         yield from self.counter.take().items()
@@ -51,7 +51,7 @@ class _CountWords(beam.DoFn):
 
 def _keyed_sentences(unit):
     """A unit -> ``vocab.sentence_key`` of each of its non-blank lines."""
-    for line in sources.unit_lines(unit):
+    for line in work_units.unit_lines(unit):
         if line.strip():
             yield vocab.sentence_key(line.decode("utf-8"))
 
@@ -61,14 +61,17 @@ def _write(values, scratch: str) -> None:
 
 
 def _read(files: list[str], scratch: str, runner: str, pipeline_options: str, transform):
-    """Runs ``units | Reshuffle | transform | write`` -> what the workers wrote."""
-    units = sources.work_units(files, UNIT_BYTES, split_dir=scratch)
+    """Runs ``spans | cut | transform | write`` -> what the workers wrote. The units need no
+    numbering (``work_units.stitch``): the counts add up and the sample is order-free."""
+    spans = work_units.spans(files, UNIT_BYTES)
 
     def build(pipeline):
         _ = (
             pipeline
-            | "Units" >> beam.Create(units)
-            | "Spread" >> beam.Reshuffle()
+            | "Spans" >> beam.Create(spans)
+            | "SpreadSpans" >> beam.Reshuffle()
+            | "Cut" >> beam.FlatMap(work_units.cut_span, UNIT_BYTES, scratch)
+            | "SpreadUnits" >> beam.Reshuffle()
             | transform
             | "Write" >> beam.Map(_write, scratch)
         )

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bertjax.data import bundled, instances, pipeline, sources, tfrecords, tokenization
+from bertjax.data import bundled, instances, pipeline, tfrecords, tokenization, work_units
 from bertjax.data.instances import DataError
 from tests.fuzzing import TEXT, check_one_line, file_contents, fuzz, mutated
 
@@ -59,7 +59,9 @@ def test_corpus_bytes(tmp_path, record_property):
         path = _write(tmp_path, *case)
         for read in (
             lambda: instances.check_utf8(path),
-            lambda: [sources.unit_lines(u) for u in sources.work_units([path], unit_bytes=64)],
+            lambda: [
+                work_units.unit_lines(u) for u in work_units.work_units([path], unit_bytes=64)
+            ],
         ):
             try:
                 read()
@@ -128,8 +130,8 @@ def test_corpus_documents(tmp_path, wordpiece, record_property):
         path = _write(tmp_path, name, contents)
 
         def by_units():
-            units = sources.work_units([path], unit_bytes=256)
-            return (d for u in units for d in sources.unit_documents(u, tokenize))
+            units = work_units.work_units([path], unit_bytes=256)
+            return (d for u in units for d in work_units.unit_documents(u, tokenize))
 
         for documents in (lambda: instances.read_text_documents([path], wordpiece), by_units):
             try:
@@ -361,7 +363,7 @@ def test_vocab_regressions(tmp_path, contents, message):
 def test_corrupt_gzip_data_is_a_data_error(tmp_path):
     """A gzip header then junk: zlib.error, which is neither OSError nor EOFError."""
     path = _write(tmp_path, "corpus.txt.gz", b"\x1f\x8b\x08\x00junkjunk")
-    for read in (instances.check_utf8, lambda p: sources.work_units([p], 64)):
+    for read in (instances.check_utf8, lambda p: work_units.work_units([p], 64)):
         with pytest.raises(DataError, match="invalid") as error:
             read(path)
         check_one_line(error.value, path)

@@ -3,7 +3,6 @@
 import collections
 import gzip
 import itertools
-import pathlib
 
 import numpy as np
 import pytest
@@ -138,44 +137,6 @@ def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, 
     if packing:  # packed indeed: some row holds several instances
         parsed = [tf.io.parse_single_example(r, _packed_features(3)) for r in records]
         assert max(int(p["next_sentence_weights"].numpy().sum()) for p in parsed) > 1
-
-
-def test_work_units_hold_exactly_the_corpus_documents(tmp_path):
-    from bertjax.data import instances, sources, tokenization
-
-    with gzip.open(bundled.TRAIN_CORPUS, "rt") as f:
-        text = "".join(itertools.islice(f, 1200))
-    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text[:20000].encode()))
-    (tmp_path / "b.txt").write_text("\n\n  \nOne lone document.\nIn file b.\n\n\n")
-    (tmp_path / "c.txt").write_text(text[20000:] + "\r\nlast line\r\n")
-    (tmp_path / "d.txt").write_text("")
-    files = sorted(str(p) for p in tmp_path.iterdir())
-    tokenizer = tokenization.create_tokenizer("wordpiece", bundled.VOCAB, True)
-    expected = list(instances.read_text_documents(files, tokenizer))
-    tokenize = instances.line_batch_tokenizer(tokenizer)
-    for unit_bytes, split in itertools.product((1, 5000, 10**9), (False, True)):
-        split_dir = tmp_path / "split" / f"{unit_bytes}-{split}"
-        split_dir.mkdir(parents=True)
-        units = sources.work_units(files, unit_bytes, str(split_dir) if split else None)
-        if split:  # each range of a.txt.gz has its plain piece; the others read their files
-            for unit in units:
-                for (path, start, stop), piece in zip(unit.ranges, unit.pieces, strict=True):
-                    assert (piece is not None) == path.endswith(".gz")
-                    if piece:
-                        assert pathlib.Path(piece).read_bytes() == text[:20000].encode()[start:stop]
-            (tmp_path / "a.txt.gz").rename(tmp_path / "hidden.gz")  # units read only the pieces
-        assert [u.index for u in units] == list(range(len(units)))
-        got = [list(sources.unit_documents(u, tokenize)) for u in units]
-        assert all(len(documents) >= 2 for documents in got)  # NotNext needs another document
-        got = [d for documents in got for d in documents]
-        assert len(got) == len(expected), unit_bytes
-        for a, b in zip(got, expected, strict=True):
-            assert a.ids.tolist() == b.ids.tolist()
-            assert a.sentence_lengths.tolist() == b.sentence_lengths.tolist()
-        if split:
-            (tmp_path / "hidden.gz").rename(tmp_path / "a.txt.gz")
-    assert len(sources.work_units(files, 5000)) > 3
-    assert len(sources.work_units(files, 10**9)) == 1
 
 
 def _packed_features(k, length=LENGTH, predictions=PREDICTIONS):
