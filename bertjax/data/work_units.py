@@ -19,8 +19,9 @@ that no process reads the whole corpus alone:
 3. ``stitch(cut_spans)``, wherever the cut spans meet: units in span order, numbered; a unit with
    fewer than 2 documents (a whole span that had them) joins its neighbour.
 
-So units are a pure function of the files' contents and ``unit_bytes``, whoever cuts which span;
-``work_units`` does all three steps in one process. A document starts at a non-blank line that
+So units are a pure function of the files (as stored: a ``.gz`` file larger than a span is cut
+as one, its plain twin in several) and ``unit_bytes``, whoever cuts which span; ``work_units``
+does all three steps in one process. A document starts at a non-blank line that
 follows a blank one (or the start of a file).
 """
 
