@@ -19,7 +19,7 @@ import pytest
 from absl import flags
 
 from bertjax import cli
-from bertjax.data import bundled, work_units
+from bertjax.data import bundled
 from tests.data.offline_beam_test import NO_PRISM
 from tests.gcs.conftest import DATA_BUCKET, MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, upload
 
@@ -84,9 +84,10 @@ def test_create_pretraining_data_on_beam_reads_and_writes_gs(
     gcs, gcs_data, local_records, tmp_path
 ):
     """--runner=DirectRunner from a gzip'd gs:// corpus (split into plain pieces in a gs://
-    scratch) to gs:// shards: the local builder's bytes (the corpus is smaller than a span, so
-    the plain and gzip'd files make the same units), and no scratch object left behind."""
-    assert gcs_data.local_corpus.stat().st_size < work_units.MIN_SPAN_BYTES
+    scratch) to gs:// shards: the local builder's bytes (the corpus is smaller than a span at the
+    default --work_unit_bytes, so the plain and gzip'd files make the same units), and no scratch
+    object left behind."""
+    assert gcs_data.local_corpus.stat().st_size < 1 << 20  # one span at the default 1 MiB units
     gzipped = tmp_path / "corpus.txt.gz"
     gzipped.write_bytes(gzip.compress(gcs_data.local_corpus.read_bytes()))
     base = f"gs://{DATA_BUCKET}/beam"
