@@ -68,11 +68,20 @@ def _not_an_input_error(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], DataError))
 
 
+def _raised_in(error: BaseException, path: str) -> bool:
+    """Whether ``error`` was raised in a module whose file path contains ``path``."""
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return traceback is not None and path in traceback.tb_frame.f_code.co_filename
+
+
 def run(runner: str, pipeline_options: str, build: Callable) -> None:
     """Builds (``build(pipeline)``) and runs a pipeline on ``runner``, waiting for it.
 
     A DataError raised in a worker reaches the command as itself, without the step name Beam
-    appends (``... [while running 'CountWords']``)."""
+    appends (``... [while running 'CountWords']``); a runner that cannot start (Beam's own
+    RuntimeError or ValueError, such as Prism's binary out of reach) is one DataError line."""
     beam = require(runner)
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -85,6 +94,13 @@ def run(runner: str, pipeline_options: str, build: Callable) -> None:
             build(pipeline)
     except DataError as e:
         raise DataError(str(e).split(" [while running")[0]) from None
+    except (RuntimeError, ValueError) as e:
+        if not _raised_in(e, "apache_beam/runners/portability/"):
+            raise
+        # The runner itself could not start (e.g. Prism's binary cannot be fetched): the
+        # machine's problem, not a bug, so one line.
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(f"--runner={runner} could not start: {reason}") from None
     finally:
         for handler in handlers:
             handler.removeFilter(_not_an_input_error)

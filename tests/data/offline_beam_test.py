@@ -1,7 +1,8 @@
 """``create_pretraining_data --runner=DirectRunner`` (``bertjax.data.offline_beam``) writes the very
 bytes ``--runner=local`` writes: unpacked in one process, and packed with two worker processes
 (Beam's multi-processing DirectRunner, its options after ``--`` on the real command line); it
-prints the same statistics; bad runners and a missing Beam are one-line errors."""
+prints the same statistics; bad runners, a runner that cannot start, a worker's input error and a
+missing Beam are one-line errors."""
 
 import pathlib
 import subprocess
@@ -76,6 +77,14 @@ def test_bad_runner_and_options_are_one_line_errors(corpus, tmp_path, capsys):
     assert "only for a Beam --runner" in capsys.readouterr().err
     assert _run(_argv(corpus, out, "--runner=DirectRunner", "--beam_pipeline_options='a")) == 1
     assert '--beam_pipeline_options="\'a": No closing quotation' in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    # A runner that cannot start (here Prism without its binary) is one line too.
+    assert (
+        _run(_argv(corpus, out, "--runner=PrismRunner", f"--beam_pipeline_options={NO_PRISM}")) == 1
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("create_pretraining_data: error: --runner=PrismRunner could not start: ")
+    assert "/nonexistent/prism" in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
     bad = tmp_path / "bad.txt"  # an input error inside a worker: the same one line as locally
     bad.write_bytes(b"One document.\nTwo lines.\n\nAnother \xff one.\n\nA third.\n")
