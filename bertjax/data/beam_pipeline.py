@@ -119,12 +119,13 @@ def scratch_beside(path: str) -> Iterator[str]:
             files.rmtree(directory)
 
 
-def write_result(value, scratch: str, name: str = "result.json") -> None:
-    """Called in a worker: ``value`` (JSON) for the launching process, under ``scratch``."""
-    with gfile().GFile(f"{scratch}/{name}", "w") as f:
+def write_result(value, scratch: str) -> None:
+    """Called in a worker: ``value`` (JSON) for the launching process, ``<scratch>/result.json``."""
+    with gfile().GFile(f"{scratch}/result.json", "w") as f:
         f.write(json.dumps(value))
 
 
-def read_result(scratch: str, name: str = "result.json"):
-    with gfile().GFile(f"{scratch}/{name}") as f:
+def read_result(scratch: str):
+    """What ``write_result`` wrote."""
+    with gfile().GFile(f"{scratch}/result.json") as f:
         return json.loads(f.read())
