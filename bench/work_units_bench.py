@@ -15,6 +15,7 @@ import pathlib
 import sys
 import tempfile
 import time
+import tracemalloc
 
 
 def main():
@@ -50,6 +51,15 @@ def main():
                     f"{name}, round {round_ + 1}: {len(spans)} spans, {len(units)} units, "
                     f"{seconds:.2f} s, {megabytes / seconds:.0f} MB/s"
                 )
+        (unit,) = work_units.work_units([plain], 10**12)
+        tracemalloc.start()
+        lines = work_units.unit_lines(unit)
+        held, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(
+            f"unit_lines of one {megabytes:.1f} MB unit: {len(lines)} lines, {held / 1e6:.1f} MB "
+            f"held, {peak / 1e6:.1f} MB at the peak"
+        )
 
 
 if __name__ == "__main__":
