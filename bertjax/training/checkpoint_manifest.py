@@ -342,7 +342,7 @@ class ManifestSealer:
 
     ::
 
-        sealer = ManifestSealer(manager.directory)       # process 0 only
+        sealer = ManifestSealer(manager.directory, on_sealed=retention.sealed)  # process 0 only
         if manager.save(step, args=...):
             sealer.submit(step)
         ...
@@ -353,11 +353,15 @@ class ManifestSealer:
     create_manager`` makes them). ``close`` waits for the submitted steps; one that orbax has not
     finalized by then (its save failed) is left without a manifest, with a notice to ``log``.
     Waiting polls ``is_checkpoint_finalized`` every ``poll_s`` seconds (one or two GCS requests).
+    ``on_sealed(step)`` runs in the sealer's thread right after a step's manifest is written:
+    the one place a step may be deleted (``bertjax.training.retention``; orbax's ``max_to_keep``
+    must be off, or it deletes older steps before the newer one is sealed).
     """
 
-    def __init__(self, checkpoints_dir, *, log: Callable[[str], None] = print, poll_s=1.0):
+    def __init__(self, checkpoints_dir, *, log: Callable[[str], None] = print, poll_s=1.0,
+                 on_sealed: Callable[[int], object] = lambda step: None):  # fmt: skip
         self._root = epath.Path(checkpoints_dir)
-        self._log, self._poll_s = log, poll_s
+        self._log, self._poll_s, self._on_sealed = log, poll_s, on_sealed
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._closing = threading.Event()
         self._error: BaseException | None = None
@@ -371,9 +375,8 @@ class ManifestSealer:
 
     def wait_sealed(self) -> None:
         """Waits until every submitted step is sealed (or given up), then raises a sealing error.
-        Called before each new save: orbax's ``max_to_keep`` deletes the oldest step when a save
-        starts, so the steps it keeps must already be sealed, or a run killed while a seal hangs
-        would leave no step that verifies."""
+        Called before each new save, so that at most one step is ever saved but unsealed and a
+        failed seal stops the run at its next save."""
         self._queue.join()
         self._raise_error()
 
@@ -410,5 +413,7 @@ class ManifestSealer:
             self._closing.wait(self._poll_s)  # close() wakes it: one last look
         try:
             write_manifest(step_dir)
-        except FileNotFoundError:  # removed (max_to_keep) while being read
+        except FileNotFoundError:  # removed by something else while being read
             self._log(f"checkpoint step {step}: removed before its manifest was written")
+            return
+        self._on_sealed(step)

@@ -99,12 +99,12 @@ def _restore_or_init(path, plan: Plan, trainer: Trainer, checkpoints: workdir.Ch
 
 def start(path: str, plan: Plan, trainer: Trainer) -> Started:
     """Steps 1-3 of the module doc; raises (one line) with the workdir unchanged."""
+    checkpoints = workdir.Checkpoints(path, keep=plan.keep, async_save=plan.async_save)
     root = epath.Path(path)
     created = not root.exists()
     if jax.process_index() == 0:
         root.mkdir(parents=True, exist_ok=True)
     held = _acquire(root, plan)
-    checkpoints = workdir.Checkpoints(path, keep=plan.keep, async_save=plan.async_save)
     try:
         state, rng_data, meta = _restore_or_init(path, plan, trainer, checkpoints)
     except BaseException:

@@ -17,7 +17,8 @@ The layout and the restore order are ``bertjax.training.checkpoint``'s docstring
    rename: atomic, and they stay for inspection); on ``gs://``, where a directory is a prefix and
    a rename a copy and a delete of every object, they are deleted, manifest first (a run killed
    half way through leaves an incomplete step, skipped and deleted by the next run). Saves
-   start; each step's manifest is written by a background sealer once orbax has finalized it.
+   start; each step's manifest is written by a background sealer once orbax has finalized it,
+   and only then may older steps go (``bertjax.training.retention``: orbax deletes nothing).
 
 A rejected run therefore leaves the workdir as it found it.
 """
@@ -41,6 +42,7 @@ from bertjax import atomic
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import unstack_layers
 from bertjax.training import checkpoint_manifest as manifest
+from bertjax.training import retention
 from bertjax.training.checkpoint import (
     CONFIG_FILE,
     VOCAB_FILE,
@@ -167,7 +169,8 @@ class Checkpoints:
     def __init__(self, workdir, *, keep: int, async_save: bool, log: Callable[[str], None] = print):
         self.root = epath.Path(workdir)
         self.directory = _path(self.root / CHECKPOINTS_DIR)
-        self.keep, self.async_save, self.log = int(keep), bool(async_save), log
+        self.keep, self.async_save = retention.check_keep(keep), bool(async_save)
+        self.log = log
         self.rejected: list[int] = []  # steps newer than the restored one: moved aside
         self.manager = self.sealer = None
         self._quiet = contextlib.ExitStack()
@@ -252,7 +255,7 @@ class Checkpoints:
 
             multihost_utils.sync_global_devices("bertjax: rejected checkpoint steps removed")
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=self.keep,
+            max_to_keep=None,  # bertjax.training.retention deletes, once a newer step is sealed
             save_interval_steps=1,
             create=True,
             # Removes temporary directories a killed run left behind (never taken as valid).
@@ -262,7 +265,11 @@ class Checkpoints:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._quiet.enter_context(_failed_save_lines_dropped())
         if jax.process_index() == 0:
-            self.sealer = manifest.ManifestSealer(self.directory, log=self.log)
+            present = [step for step, _ in manifest.step_dirs(self.directory)]
+            retained = retention.Retention(self.directory, self.keep, present, log=self.log)
+            self.sealer = manifest.ManifestSealer(
+                self.directory, log=self.log, on_sealed=retained.sealed
+            )
 
     def _move_aside(self, steps: list[int]) -> None:
         """Local disks: one rename per step, atomic and free; the step stays for inspection."""
@@ -274,13 +281,12 @@ class Checkpoints:
             self.log(f"checkpoint step {step}: moved to {aside / f'{step}-{stamp}'}")
 
     def _delete(self, step: int) -> None:
-        """``gs://``: a rename would copy every object, so the step is deleted. Its manifest goes
-        first: a step whose deletion has begun can never verify again, so a run killed half way
-        leaves an incomplete step, which the next run skips and deletes again."""
+        """``gs://``: a rename would copy every object, so the step is deleted, manifest first
+        (``retention.delete_step``): a run killed half way leaves an incomplete step, which the
+        next run skips and deletes again."""
         step_dir = self.directory / str(step)
         self.log(f"checkpoint step {step}: deleting {step_dir} (it did not verify)")
-        (step_dir / manifest.MANIFEST_FILE).unlink(missing_ok=True)
-        step_dir.rmtree(missing_ok=True)
+        retention.delete_step(step_dir)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -290,7 +296,7 @@ class Checkpoints:
         with self._failures():
             self.manager.wait_until_finished()  # the previous save: its bytes are on disk
             self.manager.check_for_errors()
-            if self.sealer:  # and sealed, before max_to_keep may delete an older sealed step
+            if self.sealer:  # and sealed (at most one step saved but unsealed)
                 self.sealer.wait_sealed()
         self._check_space(step, state)
         with self._failures():

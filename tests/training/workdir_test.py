@@ -132,7 +132,7 @@ def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch
     monkeypatch.setattr(
         checkpoint_manifest,
         "ManifestSealer",
-        lambda directory, log: sealer_class(directory, log=log, poll_s=60.0),
+        lambda directory, **kwargs: sealer_class(directory, **kwargs, poll_s=60.0),
     )
     checkpoints = workdir.Checkpoints(tmp_path, keep=5, async_save=True, log=lambda _: None)
     checkpoints.open_for_writing()
