@@ -9,20 +9,33 @@ Unlike the original it streams with bounded memory and uses every core. Spawned 
 of text and at least 2 documents (``bertjax.data.work_units``: each worker cuts a span of the
 corpus, so no process reads it all; a ``.gz`` input is decompressed once, by the worker that cuts
 it, which writes each of its units' text to the scratch directory as a plain piece), then
-tokenize, pair, shuffle (a bounded buffer of ``--shuffle_buffer`` instances), mask and serialize
-one unit at a time into scratch files, which this process appends to the output shards in unit
-order. Record ``j`` of unit ``u`` goes to shard ``(u + j) % num_shards``, so every shard holds a
-slice of every unit. All randomness is keyed by ``(--random_seed, unit)``: the output is a pure
-function of the flags and the corpus, identical for any ``--num_workers``.
+read, tokenize, pair, shuffle (a bounded buffer of ``--shuffle_buffer`` instances), mask and
+serialize one unit at a time into its shard pieces, which this process appends to the output
+shards in unit order. Record ``j`` of unit ``u`` goes to shard ``(u + j) % num_shards``, so every
+shard holds a slice of every unit. All randomness is keyed by ``(--random_seed, unit)``: the
+output is a pure function of the flags and the corpus, identical for any ``--num_workers``.
 NotNext segments are drawn from up to ``--random_doc_pool`` documents around the current one
 *within its unit* (the original: anywhere in the corpus held in RAM). Masks are static (one per
 instance; each of ``dupe_factor`` copies has its own pairing and mask). With ``--pack_sequences``
-(``bertjax.data.packing``) each unit's masked instances, exactly the records the unpacked output
-would hold, are packed **per work unit** at its end: the unit is the packing window (a worker
-holds its masked instances, about ``4 * (3 L + 3 P + 1)`` bytes each), and its packed rows take
-the records' place (row ``j`` to shard ``(u + j) % num_shards``), so packed output is as
-independent of ``--num_workers`` as unpacked output. Shards are written atomically at the end
-(``bertjax.atomic``). Prints the ``bertjax.data.stats`` summary when done.
+(``bertjax.data.packing``) a unit's masked instances, exactly the records the unpacked output
+would hold, are packed in windows of ``pipeline.PACK_WINDOW`` consecutive instances (the online
+pipeline's window) in the unit's shuffled order, and the packed rows take the records' place
+(row ``j`` of the unit to shard ``(u + j) % num_shards``), so packed output is as independent of
+``--num_workers`` as unpacked output.
+
+**Memory** does not grow with the unit: a worker holds a few MiB of its unit's text at a time
+(``work_units.unit_lines``), ``--random_doc_pool`` tokenized documents, the ``--shuffle_buffer``
+rows (``4 (L + 4)`` bytes each), one masked block and, packing, one window of masked instances
+(about ``4 (3 L + 3 P + 1)`` bytes each) and its packed rows
+(``bench/create_data_memory_bench.py``).
+
+**Nothing goes missing silently** (``bertjax.data.shard_pieces``): a unit's attempt writes its
+pieces under names of its own and lands them only when the whole unit succeeded, and returns
+what each holds (records, bytes); this process reads exactly the pieces of the results it got,
+checks each one (present, its size, its TFRecords) before appending it, and fails with one line
+naming the first missing or short piece. The shards are written atomically at the end
+(``bertjax.atomic``): after any failure no output shard is left. Prints the
+``bertjax.data.stats`` summary when done.
 """
 
 from __future__ import annotations
@@ -38,7 +51,16 @@ import tempfile
 import numpy as np
 
 from bertjax import atomic
-from bertjax.data import instances, masking, packing, sources, stats, tfrecords, work_units
+from bertjax.data import (
+    instances,
+    masking,
+    packing,
+    shard_pieces,
+    sources,
+    stats,
+    tfrecords,
+    work_units,
+)
 from bertjax.data.instances import DataError
 
 _BLOCK = 512  # instances masked and serialized together
@@ -58,18 +80,28 @@ def output_paths(output_file: str, num_shards: int) -> list[str]:
 
 
 def shuffled(blocks, buffer_size: int, rng: random.Random):
-    """Streams rows from instance blocks through a bounded random-replacement buffer."""
-    buffer = []
+    """Streams rows from instance blocks through a bounded random-replacement buffer.
+
+    The buffer is one ``[buffer_size, width]`` array that rows are copied into: holding the rows
+    themselves (views) would keep every block alive while any of its rows waits, several times
+    the buffer."""
+    buffer, filled = None, 0
     for block in blocks:
+        if buffer is None:
+            buffer = np.empty((buffer_size, block.shape[1]), block.dtype)
         for row in block:
-            if len(buffer) < buffer_size:
-                buffer.append(row)
+            if filled < buffer_size:
+                buffer[filled] = row
+                filled += 1
                 continue
             i = rng.randrange(buffer_size)
-            yield buffer[i]
+            out = buffer[i].copy()
             buffer[i] = row
-    rng.shuffle(buffer)
-    yield from buffer
+            yield out
+    order = list(range(filled))
+    rng.shuffle(order)  # the permutation random.shuffle would give the rows themselves
+    for i in order:
+        yield buffer[i]
 
 
 def _blocks_of(rows, size: int):
@@ -118,82 +150,94 @@ def _init_worker(job: Job) -> None:
     )
 
 
-def unit_shard_path(scratch_dir: str, unit: int, shard: int) -> str:
-    return os.path.join(scratch_dir, f"unit-{unit:06d}-shard-{shard:05d}.tfrecord")
-
-
-def unit_shard_pattern(scratch_dir: str, shard: int) -> str:
-    """The glob of ``shard``'s scratch files, every unit's (``unit_shard_path``)."""
-    return os.path.join(scratch_dir, f"unit-*-shard-{shard:05d}.tfrecord")
-
-
-def unit_of(scratch_path: str) -> int:
-    """The unit number in a ``unit_shard_path``."""
-    return int(os.path.basename(scratch_path).split("-")[1])
-
-
 def cut_span(span: work_units.Span) -> list[work_units.WorkUnit]:
     """``work_units.cut_span`` in a worker: a ``.gz`` file's pieces go to the scratch directory."""
     job = _WORKER["job"]
     return work_units.cut_span(span, job.unit_bytes, split_dir=job.scratch_dir)
 
 
-def write_unit(unit: work_units.WorkUnit) -> stats.Accumulator:
-    """Pairs, shuffles, masks and serializes one unit into per-shard scratch files.
+def write_unit(
+    unit: work_units.WorkUnit,
+) -> tuple[stats.Accumulator, shard_pieces.UnitPieces]:
+    """Pairs, shuffles, masks (and packs) one unit into its shard pieces
+    (``bertjax.data.shard_pieces``: they land only if the whole unit succeeds) -> the statistics
+    of its records and what its pieces hold.
 
     Everything is keyed by ``(seed, unit.index)``: pairing seed, shuffle order, masks, and the
     shard of the unit's ``j``-th record (``(unit.index + j) % num_shards``), so the output does
     not depend on which worker ran the unit or when.
     """
-    import tensorflow as tf
-
-    from bertjax.data import pipeline
-
-    job, data_config, tokenizer = _WORKER["job"], _WORKER["data_config"], _WORKER["tokenizer"]
-    length = data_config.max_seq_length
+    job, tokenizer = _WORKER["job"], _WORKER["tokenizer"]
     unit_seed = int(masking.hash_keys(job.seed, unit.index))
     documents = work_units.unit_documents(unit, _WORKER["tokenize"])
     blocks = instances.generate_instances(documents, unit_seed, _WORKER["options"], unit.describe())
     rows = shuffled(blocks, job.shuffle_buffer, random.Random(unit_seed))
-    totals = stats.Accumulator(length, tokenizer)
-    writers, index, held = {}, 0, []
-
-    def write(features):
-        for r, record in enumerate(tfrecords.serialize_rows(features)):
-            shard = (unit.index + index + r) % job.num_shards
-            if shard not in writers:
-                path = unit_shard_path(job.scratch_dir, unit.index, shard)
-                writers[shard] = tf.io.TFRecordWriter(path)
-            writers[shard].write(record)
-
-    try:
-        for block in _blocks_of(rows, _BLOCK):
-            keys = masking.hash_keys(unit_seed, index + np.arange(len(block)))
-            features = pipeline.rows_to_features(block, keys, data_config, _WORKER["spec"])
-            if data_config.pack_sequences:  # the unit's masked instances, packed at its end
-                held.append((features, block[:, length + 3]))
-            else:
-                totals.add(features, original_ids=block[:, :length], truncated=block[:, length + 3])
-                write(features)
-            index += len(block)
-        if held:
-            index = 0  # packed rows are numbered afresh for their shards
-            packed, truncated_per_row, ideal_rows = _pack_unit(held, data_config)
-            totals.add(packed, truncated=truncated_per_row)
-            totals.counts["ideal_rows"] += ideal_rows
-            write(packed)
-    finally:
-        for writer in writers.values():
-            writer.close()
-    return totals
+    totals = stats.Accumulator(_WORKER["data_config"].max_seq_length, tokenizer)
+    with shard_pieces.Attempt(job.scratch_dir, unit.index) as attempt:
+        index = 0  # records so far
+        for features in _records(_masked(rows, unit_seed), totals):
+            for record in tfrecords.serialize_rows(features):
+                attempt.write((unit.index + index) % job.num_shards, record)
+                index += 1
+        return totals, attempt.commit()
 
 
-def _pack_unit(held, data_config) -> tuple[dict, np.ndarray, int]:
-    """A unit's masked instances (blocks of features with their truncation flags) -> its packed
-    rows (``bertjax.data.packing``), each row's count of truncated instances, and the fewest
-    rows any packing could use."""
-    features = {name: np.concatenate([f[name] for f, _ in held]) for name in held[0][0]}
-    truncated = np.concatenate([t for _, t in held])
+def _masked(rows, unit_seed: int):
+    """Shuffled instance rows -> masked blocks ``(features, original ids <int32>[n, L],
+    truncated <int32>[n])``, instance ``i`` of the unit masked with the key ``(unit_seed, i)``."""
+    from bertjax.data import pipeline
+
+    data_config, index = _WORKER["data_config"], 0
+    length = data_config.max_seq_length
+    for block in _blocks_of(rows, _BLOCK):
+        keys = masking.hash_keys(unit_seed, index + np.arange(len(block)))
+        features = pipeline.rows_to_features(block, keys, data_config, _WORKER["spec"])
+        yield features, block[:, :length], block[:, length + instances.META_TRUNCATED]
+        index += len(block)
+
+
+def _records(masked, totals: stats.Accumulator):
+    """Masked blocks -> the unit's records as feature blocks, counted in ``totals``: the masked
+    instances, or with ``pack_sequences`` their packed rows, window by window."""
+    from bertjax.data import pipeline
+
+    data_config = _WORKER["data_config"]
+    if not data_config.pack_sequences:
+        for features, original_ids, truncated in masked:
+            totals.add(features, original_ids=original_ids, truncated=truncated)
+            yield features
+        return
+    for features, truncated in _windows(masked, pipeline.PACK_WINDOW):
+        packed, truncated_per_row, ideal_rows = _pack(features, truncated, data_config)
+        totals.add(packed, truncated=truncated_per_row)
+        totals.counts["ideal_rows"] += ideal_rows
+        yield packed
+
+
+def _windows(masked, size: int):
+    """Masked blocks -> ``(features, truncated)`` of ``size`` consecutive instances each (the
+    last may be smaller): all that packing holds at once."""
+    held: list[tuple[dict, np.ndarray]] = []
+    count = 0
+    for features, _, truncated in masked:
+        held.append((features, truncated))
+        count += len(truncated)
+        while count >= size:
+            features = {name: np.concatenate([f[name] for f, _ in held]) for name in held[0][0]}
+            truncated = np.concatenate([t for _, t in held])
+            yield {name: value[:size] for name, value in features.items()}, truncated[:size]
+            rest = {name: value[size:].copy() for name, value in features.items()}  # not a view
+            held = [(rest, truncated[size:].copy())]  # that would keep the whole window alive
+            count -= size
+    if count:
+        features = {name: np.concatenate([f[name] for f, _ in held]) for name in held[0][0]}
+        yield features, np.concatenate([t for _, t in held])
+
+
+def _pack(features: dict, truncated: np.ndarray, data_config) -> tuple[dict, np.ndarray, int]:
+    """A window's masked instances and their truncation flags -> its packed rows
+    (``bertjax.data.packing``), each row's count of truncated instances, and the fewest rows any
+    packing of the window could use."""
     lengths = features["input_mask"].sum(axis=1)
     predictions = (features["masked_lm_weights"] > 0).sum(axis=1)
     bounds = (
@@ -230,13 +274,13 @@ def default_workers(num_units: int, cores: int | None = None) -> int:
     return max(1, min(cores, num_units))
 
 
-def _append(source: str, destination) -> None:
-    """Appends a scratch TFRecord file to ``destination`` and removes it (TFRecord files are
-    self-delimiting records, so concatenated files are one valid file)."""
-    if os.path.exists(source):
-        with open(source, "rb") as f:
-            shutil.copyfileobj(f, destination, 1 << 22)
-        os.remove(source)
+def _append_unit(pieces: list[shard_pieces.Piece], outputs: list) -> None:
+    """Appends a unit's pieces to their open output shards, each checked first
+    (``bertjax.data.shard_pieces``), and removes them."""
+    shard_pieces.check(pieces)
+    for piece in pieces:
+        shard_pieces.append(piece, outputs[piece.shard])
+        os.remove(piece.path)
 
 
 def write_tfrecords(
@@ -269,9 +313,8 @@ def write_tfrecords(
             # Each shard lands atomically when every unit is in (bertjax.atomic); after a
             # failure no half-written shard is left behind.
             outputs = [out.enter_context(atomic.writer(p, "wb")) for p in paths]
-            for unit, stats in zip(units, run(write_unit, units), strict=True):
-                for shard, output in enumerate(outputs):
-                    _append(unit_shard_path(scratch, unit.index, shard), output)
+            for stats, pieces in run(write_unit, units):  # in unit order
+                _append_unit(pieces.pieces(scratch), outputs)
                 total = stats if total is None else total.merge(stats)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -10,17 +10,24 @@ the shards change.
                                             .gz file's as plain pieces in the scratch)
       | ToList | FlatMap(_stitched)         work_units.stitch: every unit, numbered in order
       | Reshuffle                           spread over the workers
-      | ParDo(_WriteUnit)                   offline.write_unit: <scratch>/unit-U-shard-S files;
-                                            yields the unit's stats (bertjax.data.stats)
-      | CombineGlobally(_Merge)             every unit done: the run's statistics
-    shards | ParDo(_Concatenate, total)     per output shard, its units' scratch files appended in
-                                            unit order (the side input makes it wait for all)
+      | ParDo(_WriteUnit)                   offline.write_unit: the unit's shard pieces, under
+                                            its attempt's own names (bertjax.data.shard_pieces);
+                                            yields its stats (bertjax.data.stats) and what each
+                                            piece holds (records, bytes)
+    results | Map | CombineGlobally(_merge) the run's statistics
+    results | FlatMap(_shard_pieces)        (shard, piece) for every committed piece
+      + (shard, None) for every shard       so that a shard without pieces is written too
+      | GroupByKey | Map(_concatenate)      per output shard, after every unit: its pieces
+                                            checked (exist, sizes), then appended in unit order
     total | Map(write_result)               <scratch>/result.json: the summary this process prints
 
 Beam's file sinks do not keep order; here record ``j`` of unit ``u`` goes to shard
-``(u + j) % num_shards`` inside ``write_unit`` and ``_Concatenate`` orders a shard by unit, so the
+``(u + j) % num_shards`` inside ``write_unit`` and ``_concatenate`` orders a shard by unit, so the
 output is byte-identical to ``--runner=local`` on any runner and any number of workers (tested
 on DirectRunner with two worker processes). Each shard lands atomically (``bertjax.atomic``).
+A retried or twice-run unit leaves pieces under other attempts' names, which no shard reads; a
+committed piece that is missing or short stops the shard with one line naming it
+(``bertjax.data.shard_pieces``).
 
 The scratch directory sits beside the first output (``beam_pipeline.scratch_beside``): local for
 the local runners, ``gs://`` for Dataflow, where every worker can reach it; it is removed at the
@@ -32,12 +39,13 @@ from __future__ import annotations
 import apache_beam as beam  # the command has called beam_pipeline.require
 
 from bertjax import atomic
-from bertjax.data import beam_pipeline, offline, sources, work_units
+from bertjax.data import beam_pipeline, offline, shard_pieces, sources, work_units
 from bertjax.data.instances import DataError
 
 
 class _WriteUnit(beam.DoFn):
-    """One unit -> its scratch files (``offline.write_unit``) and its statistics."""
+    """One unit -> its shard pieces (``offline.write_unit``), its statistics and what its pieces
+    hold."""
 
     def __init__(self, job: offline.Job):
         self.job = job
@@ -46,7 +54,7 @@ class _WriteUnit(beam.DoFn):
         offline._init_worker(self.job)  # once per worker process: tokenizer, masking spec
 
     def process(self, unit):
-        yield offline.write_unit(unit)
+        yield offline.write_unit(unit)  # (statistics, shard_pieces.UnitPieces)
 
 
 def _merge(accumulators):
@@ -56,19 +64,21 @@ def _merge(accumulators):
     return total
 
 
-def _concatenate(shard: int, total, paths: list[str], scratch: str) -> int:
-    """Output shard ``shard``: its units' scratch files in unit order; returns bytes written."""
-    del total  # the side input only orders this after every unit
-    gfile, written = beam_pipeline.gfile(), 0
-    # One listing, not an existence check per unit (a request each on gs://).
-    pieces = sorted(gfile.glob(offline.unit_shard_pattern(scratch, shard)), key=offline.unit_of)
+def _shard_pieces(result, scratch: str):
+    """A unit's result -> ``(shard, shard_pieces.Piece)`` for each piece it committed."""
+    _, pieces = result
+    return [(piece.shard, piece) for piece in pieces.pieces(scratch)]
+
+
+def _concatenate(keyed, paths: list[str]) -> None:
+    """Output shard ``shard``: its pieces (and a None that every shard gets, so that one without
+    pieces is still written), checked, then appended in unit order."""
+    shard, pieces = keyed
+    pieces = sorted((p for p in pieces if p is not None), key=lambda piece: piece.unit)
+    shard_pieces.check(pieces)
     with atomic.writer(paths[shard], "wb") as output:
-        for path in pieces:
-            with gfile.GFile(path, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    output.write(chunk)
-                    written += len(chunk)
-    return written
+        for piece in pieces:
+            shard_pieces.append(piece, output)
 
 
 def _write_summary(total, scratch: str) -> None:
@@ -107,18 +117,24 @@ def write_tfrecords(
                 | "Stitch" >> beam.FlatMap(_stitched, files)
                 | "SpreadUnits" >> beam.Reshuffle()
             )
+            results = units | "WriteUnits" >> beam.ParDo(_WriteUnit(job))
             total = (
-                units
-                | "WriteUnits" >> beam.ParDo(_WriteUnit(job))
+                results
+                | "Statistics" >> beam.Map(lambda result: result[0])
                 | "Merge" >> beam.CombineGlobally(_merge)
             )
-            _ = (
+            pieces = results | "Pieces" >> beam.FlatMap(_shard_pieces, scratch)
+            every_shard = (
                 pipeline
                 | "Shards" >> beam.Create(range(len(paths)))
-                | "Concatenate" >> beam.Map(
-                    _concatenate, beam.pvalue.AsSingleton(total), paths, scratch
-                )
-            )  # fmt: skip
+                | "EveryShard" >> beam.Map(lambda shard: (shard, None))
+            )
+            _ = (
+                (pieces, every_shard)
+                | "Together" >> beam.Flatten()
+                | "ByShard" >> beam.GroupByKey()
+                | "Concatenate" >> beam.Map(_concatenate, paths)
+            )
             _ = total | "Summary" >> beam.Map(_write_summary, scratch)
 
         beam_pipeline.run(runner, pipeline_options, build)

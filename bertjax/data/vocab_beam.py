@@ -43,9 +43,9 @@ class _CountWords(beam.DoFn):
         self.counter = vocab.WordCounter(self.do_lower_case)  # once per worker: one trace
 
     def process(self, unit):
-        lines = work_units.unit_lines(unit)  # DataError naming the file and byte if not UTF-8
-        for i in range(0, len(lines), _BATCH_LINES):
-            self.counter.add(np.array(lines[i : i + _BATCH_LINES], dtype=object))
+        # DataError naming the file and byte if not UTF-8
+        for lines in work_units.line_batches(unit, _BATCH_LINES):
+            self.counter.add(np.array(lines, dtype=object))
         yield from self.counter.take().items()
 
 

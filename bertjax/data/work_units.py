@@ -32,7 +32,7 @@ import dataclasses
 import gzip
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -245,36 +245,67 @@ def work_units(files: list[str], unit_bytes: int, split_dir: str | None = None) 
     return stitch(cut_span(span, unit_bytes, split_dir) for span in spans(files, unit_bytes))
 
 
-def unit_lines(unit: WorkUnit) -> list[bytes]:
-    """The unit's lines (no line ends; a blank line after each range, which ends a document).
-    DataError naming the file and byte offset if the text is not UTF-8."""
-    lines = []
+def unit_lines(unit: WorkUnit, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
+    """The unit's lines (no line ends; a blank line after each range, which ends a document),
+    read ``chunk_bytes`` at a time: what a worker holds does not grow with the unit. DataError
+    naming the file and byte offset if the text is not UTF-8 (raised when that chunk is read)."""
     for (path, start, stop), piece in zip(unit.ranges, unit.pieces_or_none(), strict=True):
         try:
             if piece is not None:  # the range's split copy: exactly its bytes
                 with sources.open_file(piece) as f:
-                    text = f.read()
+                    yield from _range_lines(f, path, start, stop - start, chunk_bytes)
             else:
                 with _open_text(path) as f:
                     f.seek(start)
-                    text = f.read(stop - start)
+                    yield from _range_lines(f, path, start, stop - start, chunk_bytes)
         except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
-        try:
-            text.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text (byte {start + e.start})") from None
-        lines.extend(line.rstrip(b"\r") for line in text.split(b"\n"))
-        lines.append(b"")
-    return lines
+        yield b""
 
 
-def unit_documents(unit: WorkUnit, tokenize, batch_lines: int = 2048):
-    """Tokenized documents of ``unit`` (as ``instances.read_text_documents`` makes them);
-    ``tokenize`` is a ``instances.line_batch_tokenizer``."""
-    lines = unit_lines(unit)
-    batches = (
-        tokenize(np.array(lines[i : i + batch_lines], dtype=object))
-        for i in range(0, len(lines), batch_lines)
-    )
+def _range_lines(f, path: str, start: int, size: int, chunk_bytes: int) -> Iterator[bytes]:
+    """The lines of the next ``size`` bytes of ``f`` (byte ``start`` of ``path``), as
+    ``text.split(b"\n")`` gives them, ``\r`` stripped. A chunk is checked up to its last line
+    end, which never falls inside a UTF-8 character."""
+    carry, done = b"", 0
+    while done < size:
+        chunk = f.read(min(chunk_bytes, size - done))
+        if not chunk:
+            break
+        text, done = carry + chunk, done + len(chunk)
+        cut = text.rfind(b"\n")
+        if cut < 0:
+            carry = text
+            continue
+        _check_utf8(text[:cut], path, start + done - len(text))
+        yield from (line.rstrip(b"\r") for line in text[:cut].split(b"\n"))
+        carry = text[cut + 1 :]
+    _check_utf8(carry, path, start + done - len(carry))
+    yield carry.rstrip(b"\r")
+
+
+def _check_utf8(text: bytes, path: str, offset: int) -> None:
+    """DataError naming ``path`` and the byte unless ``text`` (at byte ``offset``) is UTF-8."""
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {offset + e.start})") from None
+
+
+def line_batches(unit: WorkUnit, batch_lines: int) -> Iterator[list[bytes]]:
+    """``unit_lines`` in lists of ``batch_lines`` (the last may be shorter)."""
+    batch = []
+    for line in unit_lines(unit):
+        batch.append(line)
+        if len(batch) == batch_lines:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def unit_documents(unit: WorkUnit, tokenize, batch_lines: int = 2048) -> Iterator:
+    """Tokenized documents of ``unit`` (as ``instances.read_text_documents`` makes them), read
+    and tokenized ``batch_lines`` at a time (``tokenize``: ``instances.line_batch_tokenizer``)."""
+    batches = (tokenize(np.array(lines, dtype=object)) for lines in line_batches(unit, batch_lines))
     return instances.documents_from_batches(batches, unit.describe())

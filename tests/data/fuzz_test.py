@@ -60,7 +60,7 @@ def test_corpus_bytes(tmp_path, record_property):
         for read in (
             lambda: instances.check_utf8(path),
             lambda: [
-                work_units.unit_lines(u) for u in work_units.work_units([path], unit_bytes=64)
+                list(work_units.unit_lines(u)) for u in work_units.work_units([path], unit_bytes=64)
             ],
         ):
             try:
