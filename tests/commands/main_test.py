@@ -1,12 +1,14 @@
 """End-to-end: ``python -m bertjax.main`` as subprocesses on a slice of the bundled corpus.
 
 One uninterrupted reference run, then the same command killed with SIGKILL (aimed at an async
-save), resumed and stopped with SIGTERM, resumed to the end: its parameters must be bit-identical
-to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must match one; they
-stop together, with no device collective per step, through JAX's preemption sync point: SIGTERM
-to one process or to both saves the same step on both and exits 0, and the run resumes
-bit-identical to an uninterrupted two-process run; a lease lost by process 0 stops both with one
-line. All runs share a persistent compilation cache so only the first one pays for compiling.
+save, and twice between orbax's commit of a step and its seal: at the shipped ``keep`` and at
+``keep=1``), resumed and stopped with SIGTERM, resumed to the end: its parameters must be
+bit-identical to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must
+match one; they stop together, with no device collective per step, through JAX's preemption
+sync point: SIGTERM to one process or to both saves the same step on both and exits 0, and the
+run resumes bit-identical to an uninterrupted two-process run; a lease lost by process 0 stops
+both with one line. All runs share a persistent compilation cache so only the first one pays
+for compiling.
 """
 
 import dataclasses
@@ -170,7 +172,32 @@ def _wait_for(proc, predicate, timeout=240):
     return False
 
 
-def test_sigkill_then_sigterm_then_resume_is_bit_identical(env, reference):
+def _killed_between_commit_and_seal(env, workdir, step: int, *extra) -> str:
+    """Runs the command with ``step``'s seal held (``tests/held_seal.py``) and kills it with
+    SIGKILL there: orbax has committed the step, bertjax has not sealed it. Returns stdout."""
+    _, corpus, environ = env
+    marker = workdir.parent / f"{workdir.name}-seal-{step}-held"
+    marker.unlink(missing_ok=True)
+    command = _command(corpus, workdir, *extra)
+    command[1:3] = ["-m", "tests.held_seal", str(step), str(marker), "bertjax.main"]
+    proc = subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    held = _wait_for(proc, marker.exists)
+    step_dir = workdir / "checkpoints" / str(step)
+    window = step_dir.is_dir() and not (step_dir / "bertjax_manifest.json").exists()
+    proc.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert held and window and proc.returncode == -9, err[-3000:]
+    return out
+
+
+def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is_bit_identical(
+    env, reference
+):
+    """The one local kill test of pretraining (gs://: tests/gcs/pretraining_test.py). Each kill
+    is aimed: mid-save, then between orbax's commit of a step and its seal at the shipped
+    ``keep`` (configs/tiny.py: 2) and at ``keep=1``, where the newest sealed step must survive
+    (``bertjax.training.retention``); then SIGTERM, then the run to its end."""
     _, corpus, environ = env
     workdir = env[0] / "interrupted"
     ckpt_dir = workdir / "checkpoints"
@@ -183,20 +210,29 @@ def test_sigkill_then_sigterm_then_resume_is_bit_identical(env, reference):
         stderr=subprocess.DEVNULL,
     )
     in_save = lambda: ckpt_dir.exists() and any("tmp" in p.name for p in ckpt_dir.iterdir())
-    _wait_for(proc, in_save)
+    assert _wait_for(proc, in_save)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    # 2) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
+    # 2) At the shipped keep: step 2 sealed, step 4 committed but not sealed.
+    _killed_between_commit_and_seal(env, workdir, 4)
+    # 3) keep=1: the rerun restores step 2, saves and seals 4 (which lets 2 go), and is killed
+    # with 6 committed but not sealed. Step 4 must still be there and verify.
+    out = _killed_between_commit_and_seal(env, workdir, 6, "--config.checkpoint.keep=1")
+    assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in out, out
+    assert f"restored step 2 from {ckpt_dir}" in out, out
+    # 4) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
     log = open(env[0] / "sigterm_stderr.txt", "w")  # noqa: SIM115 - read back on failure
     proc = subprocess.Popen(
-        _command(corpus, workdir),
+        _command(corpus, workdir, "--config.checkpoint.keep=1"),
         env=environ,
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
     )
+    before = []
     for line in proc.stdout:
+        before.append(line)
         if line.startswith("step "):
             proc.send_signal(signal.SIGTERM)
             break
@@ -204,10 +240,11 @@ def test_sigkill_then_sigterm_then_resume_is_bit_identical(env, reference):
     returncode = proc.wait(timeout=120)
     log.close()
     assert returncode == 0, (env[0] / "sigterm_stderr.txt").read_text()[-3000:]
+    assert f"restored step 4 from {ckpt_dir}\n" in before, before
     stopped_at = int(line.split()[1].split("/")[0])
     steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
     assert steps and steps[-1] >= stopped_at
-    # 3) Resume to the end.
+    # 5) Resume to the end.
     result = _run(env, workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restored step" in result.stdout

@@ -6,9 +6,11 @@ a checkpoint every 2, dropout on) from ``gcs_hf``, the tiny model as a HF direct
 
 1. the reference run reads its local copies and writes a local workdir;
 2. the same run on gs:// (``init_checkpoint``, ``data_dir`` and ``--workdir``) is killed with
-   SIGKILL while step 4's seal is held by the front, and rerun: it restores step 2 from the gs://
-   checkpoints and ends with the reference's fine-tuned params, bit for bit, its dev metrics,
-   and its prediction files, byte for byte, on gs://, beside TensorBoard's events;
+   SIGKILL while step 4's seal is held by the front (orbax has committed step 4; at the shipped
+   ``keep=1`` step 2 must still be there: ``bertjax.training.retention``), and rerun: it
+   restores step 2 from the gs:// checkpoints and ends with the reference's fine-tuned params,
+   bit for bit, its dev metrics, and its prediction files, byte for byte, on gs://, beside
+   TensorBoard's events;
 3. ``predict`` from that gs:// checkpoint into a new gs:// workdir writes the reference's test
    predictions;
 4. a gs:// ``data_dir`` without the task's files is one line naming the gs:// file.
@@ -37,8 +39,7 @@ FLAGS = [
     "--config.learning_rate=1e-3",
     "--config.num_train_epochs=4",  # 16 pairs / 8 = 2 updates an epoch: 8 steps
     "--config.log_every_steps=2",
-    "--config.checkpoint.every_steps=2",
-    "--config.checkpoint.keep=2",
+    "--config.checkpoint.every_steps=2",  # config.checkpoint.keep as shipped: 1
 ]
 
 SAME_PARAMS = (

@@ -8,10 +8,11 @@ lands exactly where it is meant to:
 
 1. an uninterrupted reference run: it reads its init checkpoint, trains, evaluates, checkpoints
    and writes TensorBoard on gs://; sealing a step reads none of it (the request log);
-2. one workdir killed mid-save (while a second run on it is refused), mid-seal, mid-deletion of a
-   rejected step, right after a sealed save (mid-step), stopped by SIGTERM (saves, exits 0), and
-   finished under transient faults (503s, resets before and after the request was applied, slow
-   answers): bit-identical to the reference;
+2. one workdir (at ``keep=1``) killed mid-save (while a second run on it is refused), between a
+   step's commit and its seal, mid-deletion of a rejected step, right after a sealed save
+   (mid-step), stopped by SIGTERM (saves, exits 0), and finished under transient faults (503s,
+   resets before and after the request was applied, slow answers): bit-identical to the
+   reference;
 3. the reference's checkpoints with the newest step's object replaced by a flipped copy and the
    next one's data object missing: both named, the run resumes from the step before and ends
    bit-identical; the damaged step's data was never downloaded (verified from the listing);
@@ -183,45 +184,48 @@ def _kill(proc) -> str:
     return out
 
 
-def _held(gcs, runs, workdir, pattern: str, what: str, skip: int = 0):
+def _held(gcs, runs, workdir, pattern: str, what: str, *extra, skip: int = 0):
     """Starts a run whose request matching ``pattern`` after ``skip`` others is held;
     -> (the run, the held request)."""
     mark = gcs.mark()
     with gcs.faults([{"match": pattern, "fault": "hold", "skip": skip, "count": 1}]):
-        proc = runs.start(workdir)
+        proc = runs.start(workdir, *extra)
         held = _wait_for(gcs, mark, proc, lambda r: r["fault"] == "hold", what)
     return proc, held
 
 
 def test_kill_9_at_each_moment_that_matters_then_resume_is_bit_identical(gcs, runs, reference):
-    workdir = f"gs://{WORK}/killed"
+    """At ``keep=1``, where a kill between a step's commit and its seal must leave the step
+    sealed before it (``bertjax.training.retention``)."""
+    workdir, keep = f"gs://{WORK}/killed", "--config.checkpoint.keep=1"
     steps = "name=killed%2Fcheckpoints%2F"
     # Mid-save: the first data upload of step 2 hangs. A second run on the workdir is refused.
-    first, held = _held(gcs, runs, workdir, rf"^POST storage\S*{steps}2%2Fstate%2F", "a save")
+    first, held = _held(gcs, runs, workdir, rf"^POST storage\S*{steps}2%2Fstate%2F", "a save", keep)
     line = _one_line_error(runs.run(workdir, "--config.optimizer.learning_rate=0.001"))
     assert f"main: error: {workdir} is in use by host " in line and f" pid {first.pid} " in line
     _kill(first)
-    # Mid-seal: step 4's manifest upload hangs. Step 2 (incomplete) was skipped and deleted.
-    second, held = _held(gcs, runs, workdir, rf"{steps}4%2Fbertjax_manifest.json", "a seal")
+    # Between commit and seal: step 2 is sealed, step 4 committed, its manifest upload hangs.
+    # Step 2 (incomplete) was skipped and deleted.
+    second, held = _held(gcs, runs, workdir, rf"{steps}4%2Fbertjax_manifest.json", "a seal", keep)
     out = _kill(second)
     assert "checkpoint step 2: " in out and "(incomplete save); none left" in out
     assert f"checkpoint step 2: deleting {workdir}/checkpoints/2 (it did not verify)" in out
     # Mid-deletion: 4 is complete for orbax but unsealed, so it is deleted; the fourth DELETE
-    # hangs, three objects are gone.
+    # hangs, three objects are gone. Step 2 survived step 4's commit at keep=1.
     deletes = r"^DELETE \S*/o/killed%2Fcheckpoints%2F\d+%2F"
-    third, held = _held(gcs, runs, workdir, deletes, "a deletion", skip=3)
+    third, held = _held(gcs, runs, workdir, deletes, "a deletion", keep, skip=3)
     out = _kill(third)
     assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in out
     assert f"restored step 2 from {workdir}/checkpoints" in out
     # Right after a save: killed at the first step once step 4's manifest is written (mid-step).
     mark = gcs.mark()
-    fourth = runs.start(workdir)
+    fourth = runs.start(workdir, keep)
     _wait_for(gcs, mark, fourth, lambda r: r["method"] == "PUT" and r["status"] == 200
               and "checkpoints/4/bertjax_manifest.json" in _name(r), "step 4's seal")  # fmt: skip
     out = _kill(fourth)
     assert f"restored step 2 from {workdir}/checkpoints" in out  # the half-deleted step skipped
     # SIGTERM: the run saves the step it is at and exits 0.
-    fifth = runs.start(workdir)
+    fifth = runs.start(workdir, keep)
     stopped_at = _until_step(fifth)
     fifth.send_signal(signal.SIGTERM)
     out, err = fifth.communicate(timeout=120)
@@ -236,7 +240,7 @@ def test_kill_9_at_each_moment_that_matters_then_resume_is_bit_identical(gcs, ru
     mark = gcs.mark()
     kinds = {"503": {}, "reset": {}, "reset_after": {}, "slow": {"seconds": 0.3}}
     with gcs.faults([{"match": "", "fault": k, "share": 0.02, **v} for k, v in kinds.items()]):
-        result = runs.run(workdir)
+        result = runs.run(workdir, keep)
     assert result.returncode == 0, result.stderr[-3000:]
     injected = {r["fault"] for r in gcs.requests(mark)}
     assert set(kinds) <= injected, injected
