@@ -4,10 +4,11 @@ work units for the offline builder: ``bertjax.data.work_units``). No JAX.
 
 Instance table: the unmasked rows of ``instances.generate_instances`` (``<int32>[N, L+4]``)
 in one raw file under ``data.cache_dir`` (default ``$TMPDIR/bertjax_data_cache``), named by a
-fingerprint of everything that determines it (input files with sizes and mtimes, vocab, tokenizer
-settings, pairing settings, seed, split). It is written atomically (``bertjax.atomic``), with a
-``.json`` sidecar (row count and statistics) written last, so a killed build is never taken as
-valid. Rows are read with ``os.pread`` (no mmap), so resident memory does not grow with it.
+fingerprint of everything that determines it (input files with sizes and mtimes, the vocab's
+bytes, tokenizer settings, pairing settings, seed, split). It is written atomically
+(``bertjax.atomic``), with a ``.json`` sidecar (row count and statistics) written last, so a
+killed build is never taken as valid. Rows are read with ``os.pread`` (no mmap), so resident
+memory does not grow with it.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ def _size_and_mtime(path: str) -> tuple[int, float]:
 
     stat = tf.io.gfile.stat(path)  # one metadata request on gs://
     return stat.length, stat.mtime_nsec / 1e9
+
+
+def _content_sha256(path: str) -> str:
+    """A small file's identity in the cache key: the sha256 of its bytes."""
+    if is_local(path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _glob(pattern: str) -> list[str]:
@@ -174,12 +186,11 @@ def _fingerprint(data_config, split: str, seed: int) -> str:
         field = "input_files" if split == "train" else "eval_input_files"
         files = resolve_files(getattr(data_config, field), field)
         inputs = [(f, *_size_and_mtime(f)) for f in files]
-    vocab = data_config.vocab_file
     key = [
         _FORMAT_VERSION,
         inputs,
-        vocab,
-        *_size_and_mtime(vocab),
+        # By content: a resumed continued run reads its workdir's copy of the same vocab.
+        _content_sha256(data_config.vocab_file),
         data_config.tokenizer,
         data_config.do_lower_case,
         data_config.max_seq_length,

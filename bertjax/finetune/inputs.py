@@ -1,19 +1,27 @@
 """What the fine-tuning loop feeds the step: the checkpoint, the task's features, the batches.
 
 ``prepare`` reads the pretrained checkpoint (any format ``bertjax.interop`` reads) and builds the
-task and its tokenizer; ``Data`` reads and featurizes each split once; ``init_params`` adds fresh
-heads to the pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch
-(of features, or of packed rows: ``bertjax.finetune.packed``).
+task and its tokenizer; on a resume (the workdir holds the run's record, format 3:
+``bertjax.training.init_record``) the model, vocab and casing come from the record instead, and
+the checkpoint is read (:class:`Pretrained`) only when no step restores, from
+``config.init_checkpoint`` or else the recorded source, and only if it holds the recorded params
+(the record wins over a ``config.init_checkpoint`` or ``config.do_lower_case`` that differs).
+``Data`` reads and featurizes each split once; ``init_params`` adds fresh heads to the
+pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch (of features,
+or of packed rows: ``bertjax.finetune.packed``).
 The feature arrays' layout is ``bertjax.finetune.tasks``' docstring.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
+from etils import epath
 from flax import linen as nn
 
 from bertjax.data.pipeline import HOST_SECONDS
@@ -23,7 +31,8 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.interop import formats
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import stack_layers
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint, init_record
+from bertjax.training import workdir as workdir_lib
 
 _MODEL_OVERRIDES = (
     "hidden_dropout_rate",
@@ -41,26 +50,90 @@ def model_overrides(config) -> dict:
     return {k: config.model[k] for k in _MODEL_OVERRIDES}
 
 
-def load_checkpoint(config) -> tuple[dict, BertConfig, str, bool]:
-    """``config.init_checkpoint`` (bertjax / HF dir / TF1) -> (params, BertConfig, vocab, lower).
+@dataclasses.dataclass
+class Pretrained:
+    """The params a run starts from: read already, or (a resume from its workdir's record) read
+    by :meth:`params` only when asked, which happens only when no step restores."""
+
+    record: init_record.InitRecord | None  # the init checkpoint; None: a fine-tuned checkpoint
+    from_record: bool  # a resume: model, vocab and casing came from the workdir's record
+    loaded: dict | None = None
+    read: Callable[[], dict] | None = None
+
+    def params(self) -> dict:
+        if self.loaded is None:
+            self.loaded = self.read()
+        return self.loaded
+
+
+def load_checkpoint(config, workdir: str | None = None):
+    """``config.init_checkpoint`` (bertjax / HF dir / TF1) -> (:class:`Pretrained`, BertConfig,
+    vocab, lower); from ``workdir``'s record when it holds this run's (module docstring).
 
     ``config.model`` overrides dropout/dtype/layout; ``config.model.hidden_size`` (0 = any) must
     match the checkpoint's.
     """
+    record = workdir_lib.read_record(workdir) if workdir else None
+    init = init_record.resumed(record, config.init_checkpoint, workdir)
+    if init is not None:
+        return _from_record(config, record, init, workdir)
     if not config.init_checkpoint:
         raise FinetuneInputError("config.init_checkpoint: expected a bertjax, HF or TF1 checkpoint")
     lower = None if config.do_lower_case == "auto" else config.do_lower_case == "true"
-    conv = formats.load(config.init_checkpoint, do_lower_case=lower)
-    if config.model.hidden_size and config.model.hidden_size != conv.config.hidden_size:
+    fmt = formats.detect_format(config.init_checkpoint)
+    conv = formats.load(config.init_checkpoint, fmt, do_lower_case=lower)
+    _check_hidden_size(config, conv.config, config.init_checkpoint)
+    bert_config = conv.config.replace(**model_overrides(config))
+    record = init_record.InitRecord.of(config.init_checkpoint, fmt, conv.params)
+    pretrained = Pretrained(record, False, _layout(conv.params, bert_config))
+    return pretrained, bert_config, conv.vocab_file, conv.do_lower_case
+
+
+def _check_hidden_size(config, found: BertConfig, origin: str) -> None:
+    if config.model.hidden_size and config.model.hidden_size != found.hidden_size:
         raise FinetuneInputError(
-            f"{config.init_checkpoint}: checkpoint hidden size {conv.config.hidden_size} != "
+            f"{origin}: checkpoint hidden size {found.hidden_size} != "
             f"config.model.hidden_size={config.model.hidden_size}"
         )
-    bert_config = conv.config.replace(**model_overrides(config))
-    params = conv.params
+
+
+def _layout(params: dict, bert_config: BertConfig) -> dict:
     if bert_config.scan_layers:
         params = {**params, "encoder": stack_layers(params["encoder"], bert_config.num_layers)}
-    return params, bert_config, conv.vocab_file, conv.do_lower_case
+    return params
+
+
+def _from_record(config, record: dict, init: init_record.InitRecord, workdir: str):
+    """:func:`load_checkpoint` on a resume: the model, vocab and casing of ``workdir``'s record;
+    the init checkpoint read only by :meth:`Pretrained.params`."""
+    recorded = record["bert_config"]
+    _check_hidden_size(config, recorded, str(epath.Path(workdir) / checkpoint.CONFIG_FILE))
+    bert_config = recorded.replace(**model_overrides(config))
+    lower = bool(record["do_lower_case"])
+
+    def read() -> dict:
+        load = lambda source: formats.load(source, do_lower_case=lower).params  # noqa: E731
+        params = init_record.reread(init, config.init_checkpoint, workdir, load)
+        return _layout(params, bert_config)
+
+    print(
+        f"resuming {workdir}, fine-tuned from {init.source} ({init.format}): the model, vocab "
+        f"and casing of its record",
+        flush=True,
+    )
+    vocab_file = str(epath.Path(workdir) / checkpoint.VOCAB_FILE)
+    return Pretrained(init, True, read=read), bert_config, vocab_file, lower
+
+
+def initial_params(model: nn.Module, pretrained: Pretrained, example: dict, rng):
+    """(what ``loop.fit`` starts from when no step restores, the record's init entry): at a
+    first start the params (:func:`init_params`) and the record naming the subtrees the model
+    drew itself; on a resume from the record a function that reads them, and the record."""
+    if pretrained.from_record:
+        return (lambda: init_params(model, pretrained.params(), example, rng)), pretrained.record
+    params = init_params(model, pretrained.params(), example, rng)
+    fresh = tuple(sorted(set(params) - set(pretrained.params())))
+    return params, dataclasses.replace(pretrained.record, fresh=fresh)
 
 
 def init_params(model: nn.Module, pretrained: dict, example: dict, rng) -> dict:
@@ -153,19 +226,21 @@ class Data:
             )
 
 
-def prepare(config, checkpoint_path: str | None = None):
-    """-> (task, pretrained params, BertConfig, vocab file, do_lower_case, tokenizer).
+def prepare(config, checkpoint_path: str | None = None, workdir: str | None = None):
+    """-> (task, :class:`Pretrained`, BertConfig, vocab file, do_lower_case, tokenizer).
 
-    From ``config.init_checkpoint``, or from a fine-tuned params-only ``checkpoint_path``.
+    From ``config.init_checkpoint`` (or ``workdir``'s record: :func:`load_checkpoint`), or from
+    a fine-tuned params-only ``checkpoint_path``.
     """
     import tensorflow as tf
 
     tf.config.set_visible_devices([], "GPU")  # TensorFlow only tokenizes; keep it off the GPU.
     task = tasks.get_task(config)
     if checkpoint_path is None:
-        pretrained, bert_config, vocab_file, lower = load_checkpoint(config)
+        pretrained, bert_config, vocab_file, lower = load_checkpoint(config, workdir)
     else:
-        pretrained, bert_config, meta = checkpoint.load_params(checkpoint_path)
+        params, bert_config, meta = checkpoint.load_params(checkpoint_path)
+        pretrained = Pretrained(None, False, params)
         bert_config = bert_config.replace(**model_overrides(config))
         vocab_file, lower = (
             os.path.join(checkpoint_path, checkpoint.VOCAB_FILE),

@@ -19,7 +19,10 @@
   (``grad_accum_steps``), non-finite guard (``skip_nonfinite``), lease, verified checkpoints and
   SIGTERM handling as pretraining. Rerunning the command resumes bit-exact from the newest
   verified step of the same run (same task, data, checkpoint, learning rate, seed, batch size,
-  length and steps; anything else is a one-line error); a finished run only re-evaluates.
+  length and steps; anything else is a one-line error); a finished run only re-evaluates. A
+  resume takes the model, vocab and casing from the workdir's record and does not read the init
+  checkpoint unless no step restores (``inputs.load_checkpoint``,
+  ``bertjax.training.init_record``): it may have moved or gone.
 
 * ``predict``: load ``workdir/checkpoint`` (or ``config.predict_checkpoint``) and write
   predictions for the task's test splits found in ``config.data_dir`` (no labels needed).
@@ -60,11 +63,13 @@ from bertjax.training import start as core_start
 from bertjax.training.step import StepConfig
 
 
-def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int) -> dict:
-    """What a resumed fine-tuning run must share with the run that saved its checkpoints."""
+def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int,
+                   init_checkpoint: str) -> dict:  # fmt: skip
+    """What a resumed fine-tuning run must share with the run that saved its checkpoints
+    (``init_checkpoint``: the workdir's recorded one on a resume from its record)."""
     return {
         "task": task.name,
-        "init_checkpoint": config.init_checkpoint,
+        "init_checkpoint": init_checkpoint,
         "data_dir": config.data_dir,
         "learning_rate": float(learning_rate),
         "seed": int(seed),
@@ -134,9 +139,13 @@ class Fitted:
 
 
 def fit(config, task, model, params, train_features, *, workdir: str, learning_rate: float,
-        seed: int, bert_config, vocab_file: str, lower: bool, devices=None) -> Fitted:  # fmt: skip
-    """Fine-tunes host ``params`` in ``workdir`` on the trainer core, resuming from its newest
-    verified checkpoint of the same run (``_run_signature``).
+        seed: int, bert_config, vocab_file: str, lower: bool, init=None, from_record=False,
+        devices=None) -> Fitted:  # fmt: skip
+    """Fine-tunes host ``params`` (or what a function of none gives, called only when no step
+    restores) in ``workdir`` on the trainer core, resuming from its newest verified checkpoint
+    of the same run (``_run_signature``). ``init``: the run's init checkpoint for the workdir's
+    record (``bertjax.training.init_record.InitRecord``, None: none); ``from_record``: the
+    model, vocab and casing came from that record (``inputs.load_checkpoint``).
 
     Steps = features / batch_size * epochs (for SQuAD a feature is a doc-stride window), warmup
     over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py. With
@@ -167,7 +176,8 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
         config.mesh.rules,
         train_batch,
     )
-    signature = _run_signature(config, task, learning_rate, seed, num_steps)
+    source = config.init_checkpoint if init is None else init.source
+    signature = _run_signature(config, task, learning_rate, seed, num_steps, source)
     dropout_key = jax.random.key(seed)  # fold_in(key, step) per update, as pretraining's
     plan = core_start.Plan(
         bert_config=bert_config, vocab_file=vocab_file, do_lower_case=lower,
@@ -176,8 +186,9 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
         lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
         lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),
         init_rng=jax.random.key(seed), rng_data=np.asarray(jax.random.key_data(dropout_key)),
-        initial_params=lambda: params,
+        initial_params=params if callable(params) else lambda: params,
         check_meta=lambda meta: _check_resumed(meta, signature, workdir),
+        init=init, from_record=from_record,
     )  # fmt: skip
     started = core_start.start(workdir, plan, trainer)
     tokens = int(np.prod(example["input_ids"].shape[1:]))
@@ -274,19 +285,21 @@ def staged_outputs(workdir: str):
 def train_and_evaluate(config, workdir: str) -> dict:
     """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc;
     after SIGTERM/Ctrl-C it has saved its state and returns {"stopped": step} instead."""
-    task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
+    task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(
+        config, workdir=workdir
+    )
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
     model = build_model(task, bert_config)
     train_features = data.features[task.train_split]
-    params = inputs.init_params(
+    params, init = inputs.initial_params(
         model, pretrained, train_features.arrays, jax.random.key(config.seed)
     )
     run_config, train_rows = pack_train(config, task, train_features)
     fitted = fit(
         run_config, task, model, params, train_rows, workdir=workdir,
         learning_rate=config.learning_rate, seed=config.seed, bert_config=bert_config,
-        vocab_file=vocab_file, lower=lower,
+        vocab_file=vocab_file, lower=lower, init=init, from_record=pretrained.from_record,
     )  # fmt: skip
     if fitted.stopped:
         print(f"stopped: rerun the same command to resume in {workdir}", flush=True)
@@ -353,7 +366,8 @@ def predict(config, workdir: str) -> list[str]:
     """Runs the fine-tuned ``workdir/checkpoint`` on the test splits present in data_dir;
     -> the names of the files written into ``workdir/predictions``."""
     path = config.predict_checkpoint or os.path.join(workdir, "checkpoint")
-    task, params, bert_config, _, _, tokenizer = inputs.prepare(config, checkpoint_path=path)
+    task, pretrained, bert_config, _, _, tokenizer = inputs.prepare(config, checkpoint_path=path)
+    params = pretrained.params()
     splits = inputs.existing_splits(task, config, task.test_splits)
     if not splits:
         names = [task.split_path(config.data_dir, s) for s in task.test_splits]

@@ -5,7 +5,9 @@ shuffling, the head initialisation and the dropout masks. Writes ``sweep_results
 and ``sweep_results.json`` into the workdir, and the best run's checkpoint, dev predictions and
 test predictions as ``train_and_evaluate`` does. Each run trains in its own training workdir,
 ``WORKDIR/sweep_runs/lr<rate>_seed<seed>/`` (train state, record, lease: as a ``train`` run's), so
-an interrupted sweep resumes where it stopped: finished runs are only re-evaluated.
+an interrupted sweep resumes where it stopped: finished runs are only re-evaluated, and the
+model comes from the first run's record, the init checkpoint read only if a run has no verified
+step (``bertjax.training.init_record``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,18 @@ def _table(rows: list[dict], metric: str, best: int) -> str:
     return "\n".join(lines) + f"\n\nselected by dev `{metric}` (first dev split)\n"
 
 
+def _run_dir(workdir: str, learning_rate: float, seed: int) -> str:
+    return os.path.join(workdir, RUNS_DIR, f"lr{learning_rate:g}_seed{seed}")
+
+
 def sweep(config, workdir: str) -> dict:
     """Runs the grid; returns {"rows": [...], "best": index}."""
-    task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
+    # A resumed sweep takes the model from its first run's record, and reads the init checkpoint
+    # only if a run has no verified step (bertjax.training.init_record).
+    first = _run_dir(workdir, config.sweep.learning_rates[0], config.seed)
+    task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(
+        config, workdir=first
+    )
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
     model = objective_lib.build_model(task, bert_config)
@@ -46,14 +57,14 @@ def sweep(config, workdir: str) -> dict:
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
             seed = config.seed + restart
-            params = inputs.init_params(
+            params, init = inputs.initial_params(
                 model, pretrained, train_features.arrays, jax.random.key(seed)
             )
             fitted = T.fit(
                 run_config, task, model, params, train_rows,
-                workdir=os.path.join(workdir, RUNS_DIR, f"lr{learning_rate:g}_seed{seed}"),
-                learning_rate=learning_rate, seed=seed, bert_config=bert_config,
-                vocab_file=vocab_file, lower=lower,
+                workdir=_run_dir(workdir, learning_rate, seed), learning_rate=learning_rate,
+                seed=seed, bert_config=bert_config, vocab_file=vocab_file, lower=lower,
+                init=init, from_record=pretrained.from_record,
             )  # fmt: skip
             if fitted.stopped:
                 print(f"stopped: rerun the same command to resume the sweep in {workdir}")

@@ -25,6 +25,14 @@ are drawn by the model's own init with the run's init key, which is the original
 bias, unit LayerNorm scales; ``bertjax.training.compiled.init_state``). Other subtrees (a
 fine-tuned classifier) are not used.
 
+**Resume** (``workdir`` holds the run's record, format 3: ``bertjax.training.init_record``): the
+architecture, vocab (``WORKDIR/vocab.txt``) and casing come from the record, checked against the
+command line as above, and the init checkpoint is not read: :class:`Resumed` reads it only if no
+step restores (``bertjax.pretrain.start``), from ``config.init_checkpoint`` or else the recorded
+source, and only if it holds the recorded params (fingerprint). A ``config.init_checkpoint``
+other than the recorded one is a notice: the record wins. A format-2 record (no init entry) is
+resumed as before, by reading the checkpoint.
+
 **Optimizer**: always a fresh state with the config's own warmup. HF releases carry no optimizer
 state, and what Google's TF1 release and a bertjax workdir carry belongs to another run's
 schedule and data. A fresh Adam's first updates move every weight by about the learning rate
@@ -40,11 +48,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from etils import epath
+
 from bertjax.interop import formats
 from bertjax.interop.converted import Converted
 from bertjax.model.config import SHAPE_FIELDS, BertConfig
 from bertjax.model.encoder import stack_layers
-from bertjax.training import checkpoint
+from bertjax.training import checkpoint, init_record
+from bertjax.training import workdir as workdir_lib
 
 # The BertConfig fields a checkpoint decides: what function its weights compute, and how the
 # original would initialise the heads it lacks.
@@ -61,6 +72,7 @@ class Continued:
     format: str  # bertjax.interop.formats.SOURCES
     params: dict  # numpy subtrees of SUBTREES the checkpoint has, in the run's layer layout
     unused: tuple[str, ...]  # the checkpoint's other subtrees (a fine-tuned head)
+    record: init_record.InitRecord  # for the workdir's record
 
     @property
     def fresh(self) -> tuple[str, ...]:
@@ -79,11 +91,16 @@ class Continued:
         return line + (f"; not used: {', '.join(self.unused)}" if self.unused else "")
 
 
-def resolve(config, command_line: Mapping[str, Any]):
-    """-> (the run config, :class:`Continued` or None): ``config`` itself and None when
-    ``config.init_checkpoint`` is empty. Raises ValueError (one line naming the field and both
-    values) as the module docstring says; ``bertjax.interop``'s ConvertError for a checkpoint it
-    cannot read."""
+def resolve(config, command_line: Mapping[str, Any], workdir: str | None = None):
+    """-> (the run config, :class:`Continued`, :class:`Resumed` or None): ``config`` itself and
+    None when ``config.init_checkpoint`` is empty and ``workdir`` holds no continued run; a
+    :class:`Resumed` when it does (module docstring, Resume). Raises ValueError (one line naming
+    the field and both values) as the module docstring says; ``bertjax.interop``'s ConvertError
+    for a checkpoint it cannot read."""
+    record = workdir_lib.read_record(workdir) if workdir else None
+    init = init_record.resumed(record, str(config.init_checkpoint), workdir)
+    if init is not None:
+        return _from_record(config, command_line, record, init, workdir)
     if not config.init_checkpoint:
         return config, None
     source = str(config.init_checkpoint)
@@ -91,7 +108,10 @@ def resolve(config, command_line: Mapping[str, Any]):
     given_lower = command_line.get("data.do_lower_case")
     conv = formats.load(source, fmt, do_lower_case=given_lower, casing_from_vocab=True)
     run = config.copy_and_resolve_references()
-    changes = _take_architecture(run, conv.config, source, command_line)
+    why = "the architecture comes from the checkpoint"
+    changes = _take_architecture(
+        run, conv.config, f"config.init_checkpoint={source}", why, command_line
+    )
     _take_vocab(run, conv, source, command_line)
     length = int(run.data.max_seq_length)
     if length > conv.config.max_position_embeddings:
@@ -107,22 +127,91 @@ def resolve(config, command_line: Mapping[str, Any]):
         flush=True,
     )
     params = {name: conv.params[name] for name in SUBTREES if name in conv.params}
+    fresh = [name for name in SUBTREES if name not in params]
+    record = init_record.InitRecord.of(source, fmt, params, fresh)  # unscanned: the fingerprint
     if run.model.scan_layers:
         params["encoder"] = stack_layers(params["encoder"], conv.config.num_layers)
     unused = tuple(sorted(set(conv.params) - set(SUBTREES)))
-    return run.lock(), Continued(source, fmt, params, unused)
+    return run.lock(), Continued(source, fmt, params, unused, record)
 
 
-def _take_architecture(run, found: BertConfig, source: str, command_line) -> list[str]:
-    """Sets ``run.model``'s :data:`ARCHITECTURE` to ``found``'s; returns the changes made."""
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """A continued run resumed from its workdir's record: :meth:`load` reads the init
+    checkpoint, which happens only when no step restores."""
+
+    record: init_record.InitRecord
+    init_checkpoint: str  # config.init_checkpoint: where to read ('' = the recorded source)
+    workdir: str
+    do_lower_case: bool  # the recorded casing (only TF1 needs it to be read)
+    num_layers: int
+    scan_layers: bool
+
+    def load(self) -> Continued:
+        """The checkpoint's params as the first start took them; CheckpointError (one line) if
+        it is missing or holds other params (``init_record.reread``)."""
+        found = {}
+
+        def read(source: str) -> dict:
+            found["format"] = formats.detect_format(source)
+            conv = formats.load(source, found["format"], do_lower_case=self.do_lower_case,
+                                casing_from_vocab=True)  # fmt: skip
+            found["unused"] = tuple(sorted(set(conv.params) - set(SUBTREES)))
+            return conv.params
+
+        params = init_record.reread(self.record, self.init_checkpoint, self.workdir, read)
+        if self.scan_layers:
+            params["encoder"] = stack_layers(params["encoder"], self.num_layers)
+        source = self.init_checkpoint or self.record.source
+        return Continued(source, found["format"], params, found["unused"], self.record)
+
+
+def _from_record(config, command_line, record: dict, init, workdir: str):
+    """(run config, :class:`Resumed`): the architecture, vocab and casing of ``workdir``'s
+    record in place of the checkpoint's, checked against the command line as at a first start."""
+    run = config.copy_and_resolve_references()
+    recorded: BertConfig = record["bert_config"]
+    origin = str(epath.Path(workdir) / checkpoint.CONFIG_FILE)
+    changes = _take_architecture(run, recorded, origin, "a resumed run keeps its architecture",
+                                 command_line)  # fmt: skip
+    given_lower = command_line.get("data.do_lower_case")
+    if given_lower is not None and bool(given_lower) != record["do_lower_case"]:
+        raise ValueError(
+            f"--config.data.do_lower_case={given_lower} disagrees with {workdir}/"
+            f"{workdir_lib.META_FILE}, whose run is "
+            f"{'lower-cased' if record['do_lower_case'] else 'cased'}"
+        )
+    run.data.do_lower_case = record["do_lower_case"]
+    if "data.vocab_file" not in command_line:  # one given is checked against the record
+        run.data.vocab_file = str(epath.Path(workdir) / checkpoint.VOCAB_FILE)
+    length = int(run.data.max_seq_length)
+    if length > recorded.max_position_embeddings:
+        raise ValueError(
+            f"config.data.max_seq_length={length} exceeds the max_position_embeddings="
+            f"{recorded.max_position_embeddings} of {origin}"
+        )
+    casing = "lower-cased" if run.data.do_lower_case else "cased"
+    print(
+        f"resuming {workdir}, continued from {init.source} ({init.format}): its record's "
+        f"architecture replaces config.model's ({', '.join(changes) or 'no change'}); vocab "
+        f"{run.data.vocab_file} ({record['vocab']['entries']} entries, {casing})",
+        flush=True,
+    )
+    resumed = Resumed(init, str(config.init_checkpoint), workdir, run.data.do_lower_case,
+                      recorded.num_layers, bool(run.model.scan_layers))  # fmt: skip
+    return run.lock(), resumed
+
+
+def _take_architecture(run, found: BertConfig, origin: str, why: str, command_line) -> list[str]:
+    """Sets ``run.model``'s :data:`ARCHITECTURE` to ``found``'s; returns the changes made.
+    ``origin`` (where ``found`` came from) and ``why`` are for the error."""
     changes = []
     for field in ARCHITECTURE:
         value, key = getattr(found, field), f"model.{field}"
         if key in command_line and command_line[key] != value:
             raise ValueError(
-                f"--config.{key}={command_line[key]} disagrees with config.init_checkpoint="
-                f"{source}, whose {field} is {value} (the architecture comes from the "
-                "checkpoint; drop the flag)"
+                f"--config.{key}={command_line[key]} disagrees with {origin}, whose {field} is "
+                f"{value} ({why}; drop the flag)"
             )
         if run.model[field] != value:
             changes.append(f"{field} {run.model[field]} -> {value}")

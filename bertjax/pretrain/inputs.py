@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from bertjax.model.config import BertConfig
 from bertjax.pretrain.objective import BATCH_KEYS
+from bertjax.training import checkpoint
 from bertjax.training import sharding as sh
 
 # ---------------------------------------------------------------- checks before compiling
@@ -183,11 +184,19 @@ def synthetic_batches(
         index += 1
 
 
-def data_signature(config) -> str:
-    """Names the data stream; a resumed run continues its position only on the same stream."""
+def data_signature(config, vocab=None) -> str:
+    """Names the data stream; a resumed run continues its position only on the same stream. The
+    vocab is named by its fingerprint (``checkpoint.vocab_fingerprint``), not its path: a resumed
+    continued run tokenizes with its workdir's copy of the vocab its first start read from the
+    init checkpoint. ``vocab``: what names it instead (see :func:`same_stream`)."""
+    data = config.data.to_dict()
+    if vocab is not None:
+        data["vocab_file"] = vocab
+    elif data["vocab_file"] and not config.train.synthetic_data:
+        data["vocab_file"] = checkpoint.vocab_fingerprint(data["vocab_file"])
     return json.dumps(
         {
-            "data": config.data.to_dict(),
+            "data": data,
             "seed": config.seed,
             "synthetic": config.train.synthetic_data,
             "batch": config.train.global_batch_size,
@@ -195,6 +204,13 @@ def data_signature(config) -> str:
         sort_keys=True,
         default=str,
     )
+
+
+def same_stream(saved: str, signature: str, config) -> bool:
+    """Whether a checkpoint's ``saved`` signature names the stream of ``config`` (whose
+    :func:`data_signature` is ``signature``). Signatures saved before the vocab was named by its
+    fingerprint name it by its path, and still match the same path."""
+    return saved == signature or saved == data_signature(config, config.data.vocab_file)
 
 
 def host_batches(config, bert_config, *, split: str, batch_size: int, start_batch: int = 0):

@@ -1,7 +1,8 @@
 """The pretraining run, ``train_and_evaluate(config, workdir)``: the host side of pretraining.
 
 A run: take the architecture, vocab and initial params from ``config.init_checkpoint`` when it is
-set (``bertjax.pretrain.continued``) -> check the config and data (``bertjax.pretrain.inputs``)
+set, or on a resume from the workdir's record, reading the checkpoint only if no step restores
+(``bertjax.pretrain.continued``) -> check the config and data (``bertjax.pretrain.inputs``)
 -> build the abstract state, its shardings and the jitted steps
 (``bertjax.pretrain.objective.build_steps``) -> take the workdir and restore or initialise the
 state (``bertjax.training.start``; nothing is written before the run is accepted) -> the trainer
@@ -85,7 +86,7 @@ def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | N
     values). Raises ValueError for a config that cannot work, FloatingPointError on a non-finite
     step (unless skipping).
     """
-    config, continued = continued_lib.resolve(config, command_line or {})
+    config, continued = continued_lib.resolve(config, command_line or {}, workdir)
     bert_config = objective_lib.bert_config_from(config)
     mesh = sh.create_mesh(config.mesh.shape)
     config = inputs.resolve_packed_batch(config, mesh, jax.process_count())
@@ -97,7 +98,7 @@ def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | N
     meta, signature = started.meta, inputs.data_signature(config)
     start_step = int(started.state.step)
     # Data offset: the step at which the current stream started (0 unless the data changed).
-    same_stream = meta and meta["data_signature"] == signature
+    same_stream = meta and inputs.same_stream(meta["data_signature"], signature, config)
     offset = start_step - meta["data_position"] if same_stream else start_step
     cadence = loop_lib.Cadence(
         num_steps=int(config.train.num_steps),

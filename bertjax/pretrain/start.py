@@ -5,7 +5,8 @@ core's, ``bertjax.training.start``. What pretraining brings: the run's model, vo
 the record; the base keys (``split(key(config.seed))`` -> init key, training key); and, when this
 workdir has no checkpoint, the params of ``config.init_checkpoint``
 (``bertjax.pretrain.continued``: the subtrees it has; the trainer core draws the others with the
-init key) with a fresh optimizer state.
+init key) with a fresh optimizer state. A resume that took its model from the workdir's record
+(``continued.Resumed``) reads the init checkpoint here only, when no step restores.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ import functools
 import jax
 import numpy as np
 
-from bertjax.pretrain.continued import Continued
+from bertjax.pretrain.continued import Continued, Resumed
 from bertjax.pretrain.objective import Steps
 from bertjax.training.start import Plan
 
 
-def initial_params(config, steps: Steps, continued: Continued | None):
-    """``continued``'s params in the run's param dtypes (None without a checkpoint); says which
-    heads were loaded and which initialised, and that the optimizer starts fresh."""
+def initial_params(config, steps: Steps, continued: Continued | Resumed | None):
+    """``continued``'s params in the run's param dtypes (None without a checkpoint; a
+    :class:`Resumed` reads its checkpoint now); says which heads were loaded and which
+    initialised, and that the optimizer starts fresh."""
     if continued is None:
         return None
+    if isinstance(continued, Resumed):
+        continued = continued.load()
     abstract = steps.trainer.abstract_state.params
     params = {
         name: jax.tree.map(lambda x, a: np.asarray(x, a.dtype), subtree, abstract[name])
@@ -41,7 +45,7 @@ def initial_params(config, steps: Steps, continued: Continued | None):
     return params
 
 
-def plan(config, steps: Steps, continued: Continued | None = None) -> Plan:
+def plan(config, steps: Steps, continued: Continued | Resumed | None = None) -> Plan:
     init_rng, train_rng = jax.random.split(jax.random.key(config.seed))
     return Plan(
         bert_config=steps.bert_config,
@@ -56,4 +60,6 @@ def plan(config, steps: Steps, continued: Continued | None = None) -> Plan:
         init_rng=init_rng,
         rng_data=np.asarray(jax.random.key_data(train_rng)),
         initial_params=functools.partial(initial_params, config, steps, continued),
+        init=None if continued is None else continued.record,
+        from_record=isinstance(continued, Resumed),
     )

@@ -30,8 +30,14 @@ that is verified before it is trusted:
    trainer core; ``bertjax.training.workdir``)::
 
        WORKDIR/bertjax_lease.json     the live run's lease (``bertjax.training.lease``)
-       WORKDIR/bertjax_workdir.json   {"format_version": 2, "do_lower_case": bool,
-                                       "vocab": {"entries": N, "sha256": "..."}}
+       WORKDIR/bertjax_workdir.json   {"format_version": 3, "do_lower_case": bool,
+                                       "vocab": {"entries": N, "sha256": "..."},
+                                       "init": {"source", "format", "params_sha256",
+                                                "subtrees", "fresh"} or null}
+                                      "init": where the initial params came from, so that a
+                                      resume never reads the init checkpoint
+                                      (``bertjax.training.init_record``); format 2 (no "init")
+                                      still resumes, reading it, and is rewritten as 3
        WORKDIR/bert_config.json       the architecture being trained
        WORKDIR/vocab.txt              copy of config.data.vocab_file
        WORKDIR/config.json            the full run config, for the record
@@ -58,7 +64,8 @@ that is verified before it is trusted:
    that verifies (full state, restored straight into the current shardings, any mesh) ->
    the run's initial params (``config.init_checkpoint``, any format ``bertjax.interop`` reads;
    pretraining: its subtrees plus fresh heads where it has none, ``bertjax.pretrain.continued``;
-   fine-tuning: the pretrained checkpoint plus fresh heads; a fresh optimizer state) -> fresh
+   fine-tuning: the pretrained checkpoint plus fresh heads; a fresh optimizer state; on a
+   resume read only here, checked against the record's fingerprint) -> fresh
    initialisation. Vocab fingerprints are compared at every one of these (a differing
    size or content is an error unless ``config.allow_vocab_change``).
 
@@ -238,14 +245,16 @@ def _read_json(path: epath.Path) -> dict:
     return value
 
 
-def read_meta(path: epath.Path) -> dict:
-    """``bertjax_checkpoint.json`` / ``bertjax_workdir.json``: the format version is checked, and
-    ``do_lower_case`` must be a bool (``bool("false")`` would silently be True)."""
+def read_meta(path: epath.Path, versions: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
+    """``bertjax_checkpoint.json`` / ``bertjax_workdir.json`` (``versions``: the format versions
+    its reader knows): the format version is checked, and ``do_lower_case`` must be a bool
+    (``bool("false")`` would silently be True)."""
     meta = _read_json(path)
-    if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in versions:
         raise CheckpointError(
-            f"{path}: format_version {meta.get('format_version')!r:.40}, "
-            f"this bertjax reads {FORMAT_VERSION}"
+            f"{path}: format_version {version!r:.40}, this bertjax reads "
+            f"{' or '.join(map(str, versions))}"
         )
     if not isinstance(meta.get("do_lower_case"), bool):
         raise CheckpointError(

@@ -9,9 +9,12 @@ Pretraining and fine-tuning start the same way (the workdir layout and restore o
 2. **Checks, read only**: the workdir's recorded model and vocab against the run's
    (``workdir.check_resumable``), then the newest verified checkpoint is restored, else the
    run's initial params (a checkpoint's, through :class:`Plan`'s ``initial_params``) or a fresh
-   init.
+   init. A resume whose model and vocab came from the workdir's record (``Plan.from_record``)
+   reads its init checkpoint only there, and says so in one line when a step restored instead
+   (``bertjax.training.init_record``).
 3. **Accepted**: only now the run's record is written (with what the attention kernel's
-   self-check decided, ``bertjax.training.kernel_check``) and saving opens. A run rejected in 2
+   self-check decided, ``bertjax.training.kernel_check``, and the run's init checkpoint,
+   ``Plan.init``) and saving opens. A run rejected in 2
    releases its lease and leaves the workdir as it was (a workdir directory it created is
    removed again if still empty).
 """
@@ -28,7 +31,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.model.config import BertConfig
-from bertjax.training import kernel_check, lease, lease_stores, workdir
+from bertjax.training import init_record, kernel_check, lease, lease_stores, workdir
 from bertjax.training.compiled import Trainer
 from bertjax.training.step import TrainState
 
@@ -50,6 +53,11 @@ class Plan:
     rng_data: np.ndarray  # <uint32>[2] the base training key saved with every step
     initial_params: Callable[[], Any] = lambda: None  # host params to start from, or None
     check_meta: Callable[[dict], None] = lambda meta: None  # raises: a restored step is not ours
+    # The run's init checkpoint for the record (bertjax.training.init_record); None: fresh init.
+    init: init_record.InitRecord | None = None
+    # A resume that took its model, vocab and casing from the workdir's record: initial_params
+    # reads the init checkpoint only if no step restores, and a restored step says it was not.
+    from_record: bool = False
 
 
 @dataclasses.dataclass
@@ -93,6 +101,8 @@ def _restore_or_init(path, plan: Plan, trainer: Trainer, checkpoints: workdir.Ch
         state, rng_data, meta = restored
         plan.check_meta(meta)
         print(f"restored step {int(state.step)} from {checkpoints.directory}", flush=True)
+        if plan.from_record:
+            print(init_record.not_read_line(plan.init, path, int(state.step)), flush=True)
         return state, np.asarray(rng_data), meta
     return trainer.init_state(plan.init_rng, plan.initial_params()), np.asarray(rng), None
 
@@ -118,7 +128,7 @@ def start(path: str, plan: Plan, trainer: Trainer) -> Started:
     if jax.process_index() == 0 and plan.vocab_file:
         workdir.write_record(
             path, plan.bert_config, plan.vocab_file, plan.do_lower_case, plan.config_json,
-            kernel_check.record_for(plan.bert_config),
+            kernel_check.record_for(plan.bert_config), init=plan.init,
         )  # fmt: skip
     checkpoints.open_for_writing()
     return Started(state, rng_data, meta, checkpoints, held)

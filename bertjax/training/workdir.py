@@ -16,7 +16,9 @@ The layout and the restore order are ``bertjax.training.checkpoint``'s docstring
    save those step numbers again: on a local disk they move to ``checkpoints_rejected/`` (a
    rename: atomic, and they stay for inspection); on ``gs://``, where a directory is a prefix and
    a rename a copy and a delete of every object, they are deleted, manifest first (a run killed
-   half way through leaves an incomplete step, skipped and deleted by the next run). Saves
+   half way through leaves an incomplete step, skipped and deleted by the next run). The record
+   (format 3) keeps what a resume needs of the run's init checkpoint, so that a resume never
+   reads it (``bertjax.training.init_record``; format 2, without it, still resumes). Saves
    start; each step's manifest is written by a background sealer once orbax has finalized it,
    and only then may older steps go (``bertjax.training.retention``: orbax deletes nothing).
 
@@ -52,24 +54,31 @@ from bertjax.training.checkpoint import (
     read_meta,
     vocab_fingerprint,
 )
+from bertjax.training.init_record import INIT_KEY, InitRecord
 
 META_FILE = "bertjax_workdir.json"
 CHECKPOINTS_DIR = "checkpoints"
 REJECTED_DIR = "checkpoints_rejected"
-FORMAT_VERSION = 2  # the steps carry manifests
+FORMAT_VERSION = 3  # 2: the steps carry manifests; 3: the record's "init" (init_record)
+READS = (2, 3)  # format 2 resumes as before, reading its init checkpoint
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
                   "cpu_forms", "gather_last_layer", "attention_check")  # fmt: skip
 
 
 def read_record(workdir) -> dict | None:
-    """``bertjax_workdir.json`` + the recorded BertConfig, or None for a workdir with no run."""
+    """``bertjax_workdir.json`` + the recorded BertConfig, or None for a workdir with no run.
+    ``"init"``: the :class:`~bertjax.training.init_record.InitRecord` or None (always None in
+    format 2, which has no such entry)."""
     root = epath.Path(workdir)
     if not (root / META_FILE).exists():
         return None
     if not (root / CONFIG_FILE).exists():
         raise CheckpointError(f"{root}: a run record without {CONFIG_FILE}")
-    meta = read_meta(root / META_FILE)  # CheckpointError naming the file
-    return {**meta, "bert_config": read_bert_config(root / CONFIG_FILE)}
+    meta = read_meta(root / META_FILE, versions=READS)  # CheckpointError naming the file
+    if meta["format_version"] >= 3 and INIT_KEY not in meta:
+        raise CheckpointError(f"{root / META_FILE}: no {INIT_KEY!r} entry")
+    init = InitRecord.from_json(meta.get(INIT_KEY), root / META_FILE)
+    return {**meta, "init": init, "bert_config": read_bert_config(root / CONFIG_FILE)}
 
 
 def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_vocab_change: bool):
@@ -96,16 +105,19 @@ def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_voc
 
 
 def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, config_json: str,
-                 attention_check: dict | None = None):  # fmt: skip
-    """Writes the run's record (each file atomically), once the run is accepted;
-    ``attention_check``: what the attention kernel's self-check decided
-    (``kernel_check.record_for``), or None when none ran."""
+                 attention_check: dict | None = None,
+                 init: InitRecord | None = None):  # fmt: skip
+    """Writes the run's record (each file atomically, ``bertjax_workdir.json`` last), once the
+    run is accepted; ``attention_check``: what the attention kernel's self-check decided
+    (``kernel_check.record_for``), or None when none ran; ``init``: the run's init checkpoint,
+    None for a fresh init."""
     root = epath.Path(workdir)
     root.mkdir(parents=True, exist_ok=True)
     meta = {
         "format_version": FORMAT_VERSION,
         "do_lower_case": bool(do_lower_case),
         "vocab": vocab_fingerprint(vocab_file),
+        INIT_KEY: None if init is None else init.to_json(),
     }
     if attention_check is not None:
         meta["attention_check"] = attention_check

@@ -199,9 +199,10 @@ def test_packed_train_and_evaluate_on_real_weights(tmp_path, capsys):
     # The saved checkpoint evaluated unpacked gives the packed run's dev metrics.
     unpacked = config.copy_and_resolve_references()
     unpacked.pack_sequences = False
-    task, params, bert_config, _, _, tokenizer = inputs.prepare(
+    task, pretrained, bert_config, _, _, tokenizer = inputs.prepare(
         unpacked, checkpoint_path=str(tmp_path / "packed/checkpoint")
     )
+    params = pretrained.params()
     data = inputs.Data(task, unpacked, tokenizer, ["dev"])
     model = objective.build_model(task, bert_config)
     mesh = sh.create_mesh(unpacked.mesh.shape)

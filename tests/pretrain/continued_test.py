@@ -12,9 +12,13 @@ its new heads are distributed as the original initialises them.
 """
 
 import gzip
+import json
 import math
 import os
 import pathlib
+import re
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,6 +31,8 @@ from bertjax.data import bundled
 from bertjax.interop import formats
 from bertjax.pretrain import continued, inputs
 from bertjax.pretrain import objective as objective_lib
+from bertjax.training import init_record
+from bertjax.training import workdir as workdir_lib
 from tests.interop import references
 from tests.interop.tf1_test import write_tf1_checkpoint
 
@@ -74,11 +80,12 @@ def env(tmp_path_factory):
     return root, environ
 
 
-def _main(env, checkpoint, workdir, *extra, config=None) -> subprocess.Popen:
+def _main(env, checkpoint, workdir, *extra, config=None, steps=STEPS) -> subprocess.Popen:
     """Starts ``python -m bertjax.main`` on ``checkpoint`` with tiny.py's config (reading the
-    corpus slice) or ``config``."""
+    corpus slice) or ``config``, for ``steps`` steps (one save, at the end)."""
     root, environ = env
-    flags = [f"--config.{k}={v}" for k, v in TRAIN_FLAGS.items()]
+    values = {**TRAIN_FLAGS, "train.num_steps": steps, "checkpoint.every_steps": steps}
+    flags = [f"--config.{k}={v}" for k, v in values.items()]
     config = config or root / "test_config.py"
     command = [sys.executable, "-m", "bertjax.main", f"--config={config}",
                f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
@@ -299,3 +306,129 @@ def test_vocab_casing_and_length_against_the_checkpoint(checkpoints, tmp_path):
     (cased / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert not _resolve(cased)[0].data.do_lower_case
     assert _resolve(tf1_dir)[0].data.do_lower_case
+
+
+RESUMED_STEPS = 6  # steps enough after the first for a SIGTERM to land mid-run
+
+
+def _flat(workdir) -> dict:
+    params, *_ = workdir_lib.latest_params(workdir, log=lambda _: None)
+    return dict(_leaves(params))
+
+
+def _leaves(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}/")
+        else:
+            yield prefix + key, np.asarray(value)
+
+
+def _without_a_verified_step(workdir, copy) -> pathlib.Path:
+    """A copy of ``workdir`` as if killed before its first save was sealed: no manifests."""
+    shutil.copytree(workdir, copy)
+    for manifest in copy.glob("checkpoints/*/bertjax_manifest.json"):
+        manifest.unlink()
+    return copy
+
+
+def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
+    """A run from a copy of the HF checkpoint, stopped by SIGTERM after its first step (it saves
+    and exits 0), then the copy deleted: the rerun of the same command restores the saved step
+    without reading it (one line says so) and ends with the same params, bit for bit, as an
+    uninterrupted run, and tokenizes nothing again. That run is the same workdir without a
+    verified step, started with --config.init_checkpoint naming the original directory: a notice
+    (the record wins), the checkpoint read because no step restores and checked against the
+    recorded fingerprint (into the scanned layout too), the whole run from step 0. The same
+    workdir with the copy gone is one line naming it."""
+    _, hf_dir, *_ = checkpoints
+    taken = formats.load(str(hf_dir)).params
+    movable = tmp_path / "hf_copy"
+    shutil.copytree(hf_dir, movable)
+    workdir = tmp_path / "run"
+    first = _main(env, movable, workdir, steps=RESUMED_STEPS)
+    for line in first.stdout:
+        if line.startswith("step "):
+            first.send_signal(signal.SIGTERM)
+            break
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    saved = int(re.search(r"^SIGTERM: saving step (\d+)$", out, re.M).group(1))
+    assert 1 <= saved < RESUMED_STEPS, out[-2000:]
+    record = json.loads((workdir / workdir_lib.META_FILE).read_text())
+    assert record["format_version"] == 3 and record["init"] == {
+        "source": str(movable), "format": "hf", "subtrees": ["encoder", "mlm", "nsp", "pooler"],
+        "params_sha256": init_record.params_fingerprint(taken), "fresh": [],
+    }  # fmt: skip
+    shutil.rmtree(movable)
+    moved = _without_a_verified_step(workdir, tmp_path / "moved")
+    tables = sorted((env[0] / "cache").iterdir())  # the corpus' instance tables, tokenized
+    started = {
+        "resumed": _main(env, movable, workdir, steps=RESUMED_STEPS),
+        "moved": _main(env, hf_dir, moved, steps=RESUMED_STEPS),
+    }
+    # Meanwhile, in this process: with the copy gone and no verified step, the run's initial
+    # params (what bertjax.training.start asks for when no step restores) are one line.
+    missing = _without_a_verified_step(workdir, tmp_path / "missing")
+    config = tiny.get_config()
+    config.init_checkpoint = str(movable)
+    run, resumed_from = continued.resolve(config, {}, str(missing))
+    assert run.data.vocab_file == f"{missing}/vocab.txt" and run.model.vocab_size == 30522
+    with pytest.raises(ValueError) as error:
+        resumed_from.load()
+    assert str(error.value) == (
+        f"{movable}: no such checkpoint directory; {missing} holds no verified step, so its run "
+        f"starts again from its init checkpoint (recorded: {movable}): put it back, or pass "
+        "where it is now with --config.init_checkpoint"
+    )
+    config.init_checkpoint, config.model.scan_layers = str(hf_dir), True
+    layers = continued.resolve(config, {}, str(missing))[1].load().params["encoder"]["layers"]
+    for path, value in _leaves(taken["encoder"]["layers"]["layer_1"]):
+        np.testing.assert_array_equal(dict(_leaves(layers["layer"]))[path][1], value)
+    out = {name: (*p.communicate(timeout=600), p.returncode) for name, p in started.items()}
+    _, resumed = _succeeded((workdir, out["resumed"][2], *out["resumed"][:2]))
+    _, restarted = _succeeded((moved, out["moved"][2], *out["moved"][:2]))
+    assert f"resuming {workdir}, continued from {movable} (hf): its record's architecture " \
+        "replaces config.model's (vocab_size 7633 -> 30522, " in resumed  # fmt: skip
+    assert f"restored step {saved} from " in resumed
+    assert f"init_checkpoint {movable}: not read (step {saved} restored; {workdir}'s record " \
+        "holds the architecture, vocab and casing)\n" in resumed  # fmt: skip
+    assert "loaded encoder" not in resumed
+    assert f"config.init_checkpoint={hf_dir}: {moved} records {movable} as its run's init " \
+        "checkpoint, and the record wins" in restarted  # fmt: skip
+    sha = record["init"]["params_sha256"][:16]
+    assert f"init_checkpoint {hf_dir}: read, as {moved} holds no verified step; its params " \
+        f"are the recorded ones (sha256 {sha}...)" in restarted  # fmt: skip
+    assert f"init_checkpoint {hf_dir} (hf): loaded encoder, pooler, mlm, nsp; initialised " \
+        "none" in restarted  # fmt: skip
+    assert "restored step" not in restarted
+    for run in (workdir, moved):
+        assert (run / "checkpoints" / str(RESUMED_STEPS) / "bertjax_manifest.json").exists()
+    # The workdir's copy of the vocab is the same vocab: nothing was tokenized again.
+    assert sorted((env[0] / "cache").iterdir()) == tables
+    want, got = _flat(moved), _flat(workdir)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_the_data_stream_is_named_by_its_vocab_not_its_path(tmp_path):
+    """A resumed continued run reads the workdir's copy of the vocab its first start read from
+    the checkpoint: the same stream. A step saved when the path named the vocab still continues
+    its stream on that path."""
+    config, moved, changed = tiny.get_config(), tiny.get_config(), tiny.get_config()
+    vocab = pathlib.Path(config.data.vocab_file).read_text(encoding="utf-8").splitlines()
+    (tmp_path / "copy.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    moved.data.vocab_file = str(tmp_path / "copy.txt")
+    vocab[100] = "zzzz"
+    (tmp_path / "changed.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    changed.data.vocab_file = str(tmp_path / "changed.txt")
+    signature = inputs.data_signature(config)
+    assert inputs.data_signature(moved) == signature != inputs.data_signature(changed)
+    # What data_signature wrote before (the reference: the code as it was).
+    train = config.train
+    before = {"data": config.data.to_dict(), "seed": config.seed,
+              "synthetic": train.synthetic_data, "batch": train.global_batch_size}  # fmt: skip
+    legacy = json.dumps(before, sort_keys=True, default=str)
+    assert inputs.same_stream(legacy, signature, config)
+    assert not inputs.same_stream(legacy, inputs.data_signature(moved), moved)

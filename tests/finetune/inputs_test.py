@@ -1,0 +1,113 @@
+"""``bertjax.finetune.inputs``: a resumed fine-tune takes its model, vocab and casing from its
+workdir's record and reads its init checkpoint only when no step restores
+(``bertjax.training.init_record``). Driven through ``loop.train_and_evaluate``, what
+``python -m bertjax.finetune`` runs, with the tiny checkpoint and MRPC fixture of loop_test.py.
+"""
+
+import json
+import os
+import shutil
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.finetune import loop
+from bertjax.training import checkpoint, init_record
+from bertjax.training import loop as loop_lib
+from bertjax.training import workdir as workdir_lib
+from tests.finetune.loop_test import _config, tiny_checkpoint
+
+__all__ = ["tiny_checkpoint"]  # loop_test's fixture, instantiated for this module
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # five 4-step runs: compiling is the cost
+
+
+def _sigterm_at_step(monkeypatch, step: int) -> None:
+    """The next run gets SIGTERM while it takes the batch of ``step``: it saves that step and
+    returns, as a preempted run does (``bertjax.training.preemption``)."""
+    run = loop_lib.Loop.run
+
+    def run_then_stop(self, state, batches):
+        def signalled():
+            for index, batch in enumerate(batches, start=int(state.step) + 1):
+                if index == step:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield batch
+
+        return run(self, state, signalled())
+
+    monkeypatch.setattr(loop_lib.Loop, "run", run_then_stop)
+
+
+def _listing(path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_a_resumed_finetune_never_reads_its_init_checkpoint(
+    testdata, tiny_checkpoint, tmp_path, monkeypatch, capsys
+):
+    """A fine-tune from a copy of the checkpoint (dropout on) is stopped by SIGTERM at step 2 of
+    4 and the copy deleted: the rerun, given another path that holds nothing, restores step 2
+    without reading either (one line says so; the record wins) and ends with the params and dev
+    metrics of an uninterrupted run, bit for bit. Without a verified
+    step the deleted copy is one line naming it and the workdir is left as it was; the original
+    directory passed instead is a notice, read, checked against the record's fingerprint, and the
+    run from step 0 ends as the uninterrupted one."""
+
+    def config(init):
+        config = _config("finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
+                         init_checkpoint=str(init), num_train_epochs=2.0)  # fmt: skip
+        config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.1
+        return config
+
+    movable, run, unsealed = tmp_path / "init", tmp_path / "run", tmp_path / "unsealed"
+    shutil.copytree(tiny_checkpoint, movable)
+    reference = loop.train_and_evaluate(config(tiny_checkpoint), str(tmp_path / "reference"))
+    want, _, _ = checkpoint.load_params(tmp_path / "reference/checkpoint")
+    _sigterm_at_step(monkeypatch, 2)
+    assert loop.train_and_evaluate(config(movable), str(run)) == {"stopped": True}
+    monkeypatch.undo()
+    pretrained, _, _ = checkpoint.load_params(tiny_checkpoint)
+    assert json.loads((run / workdir_lib.META_FILE).read_text())["init"] == {
+        "source": str(movable), "format": "bertjax", "subtrees": ["encoder", "pooler"],
+        "fresh": ["classifier"], "params_sha256": init_record.params_fingerprint(pretrained),
+    }  # fmt: skip
+    shutil.rmtree(movable)
+    shutil.copytree(run, unsealed)  # as if killed before its first save was sealed
+    for manifest in unsealed.glob("checkpoints/*/bertjax_manifest.json"):
+        manifest.unlink()
+    capsys.readouterr()
+
+    # Rerun with the checkpoint's new place on the command line (nothing there either).
+    results = loop.train_and_evaluate(config(tmp_path / "elsewhere"), str(run))
+    out = capsys.readouterr().out
+    assert f"config.init_checkpoint={tmp_path / 'elsewhere'}: {run} records {movable} as its " \
+        "run's init checkpoint, and the record wins" in out  # fmt: skip
+    assert f"restored step 2 from {run}/checkpoints\n" in out
+    assert f"init_checkpoint {movable}: not read (step 2 restored; {run}'s record holds the " \
+        "architecture, vocab and casing)\n" in out  # fmt: skip
+    got, _, _ = checkpoint.load_params(run / "checkpoint")
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert results["dev"] == reference["dev"]
+
+    before = _listing(unsealed)
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        loop.train_and_evaluate(config(movable), str(unsealed))
+    assert str(error.value) == (
+        f"{movable}: no such checkpoint directory; {unsealed} holds no verified step, so its run "
+        f"starts again from its init checkpoint (recorded: {movable}): put it back, or pass "
+        "where it is now with --config.init_checkpoint"
+    )
+    assert _listing(unsealed) == before
+    capsys.readouterr()
+
+    results = loop.train_and_evaluate(config(tiny_checkpoint), str(unsealed))
+    out = capsys.readouterr().out
+    assert f"config.init_checkpoint={tiny_checkpoint}: {unsealed} records {movable} as its " \
+        "run's init checkpoint, and the record wins" in out  # fmt: skip
+    assert f"init_checkpoint {tiny_checkpoint}: read, as {unsealed} holds no verified step" in out
+    assert "restored step" not in out
+    got, _, _ = checkpoint.load_params(unsealed / "checkpoint")
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    assert results["dev"] == reference["dev"]
