@@ -33,9 +33,8 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 from transformers.models.bert import modeling_flax_bert  # noqa: E402
 
-from bertjax import compile as compile_tool  # noqa: E402
 from bertjax.model.config import SIZES  # noqa: E402
-from bertjax.training import accelerators  # noqa: E402
+from bertjax.training import accelerators, compile_report  # noqa: E402
 
 
 def hf_config(size: str) -> transformers.BertConfig:
@@ -109,7 +108,7 @@ def main() -> int:
     started = time.perf_counter()
     with jax.set_mesh(mesh):
         compiled = step.lower(state, batch).compile()
-    report = compile_tool._compiled_figures(compiled, tpu.chip)
+    report = compile_report.compiled_figures(compiled, tpu.chip)
     hlo_text = compiled.as_text()
     counted, hbm = hlo_bytes.breakdown(hlo_text)  # bench/hlo_bytes.py's accounting
     report.update(hlo_bytes_sum=sum(counted.values()), hlo_hbm_bytes=sum(hbm.values()))

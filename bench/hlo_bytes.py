@@ -22,6 +22,14 @@ estimate of the HBM traffic alone, from the compiler's own placement. Neither is
 
 Unscanned layers only (``scan_layers=False``, as the paper configs): a loop body would be
 counted once. Counts, not timings.
+
+Open gap: since the packed-row kernels (key_blocks/query_blocks, per-query codes) the compiler
+counts ~56 MB more for configs/tiny.py's bf16 step on v5litepod-4 (303 -> 359 MB; the kernels'
+own cost estimates are unchanged) than this walk finds: 246 MB, 0.69 of it. The suite once held
+that as a strict xfail; it is this script's printed ratio now:
+
+    python bench/hlo_bytes.py --config=configs/tiny.py --topology=v5litepod-4 \
+        --config.model.dtype=bfloat16 --config.mesh.shape=4,1,1
 """
 
 from __future__ import annotations
@@ -166,9 +174,9 @@ def breakdown(hlo_text: str) -> tuple[collections.Counter, collections.Counter]:
 
 def compile_train_step(config, topology: str):
     """-> (the compiled train step, the slice), as ``python -m bertjax.compile`` compiles it."""
-    from bertjax import compile as compile_tool  # noqa: PLC0415
+    from bertjax.pretrain import compile_for_slice  # noqa: PLC0415
 
-    tpu, steps, train_args, _ = compile_tool.steps_for_slice(config, topology)
+    tpu, steps, train_args, _ = compile_for_slice.steps_for_slice(config, topology)
     return steps.trainer.train_step.lower(*train_args).compile(), tpu
 
 

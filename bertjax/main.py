@@ -39,33 +39,14 @@ _DISTRIBUTED = flags.DEFINE_enum(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _hide_accelerators_from_tensorflow() -> None:
-    # TF would otherwise grab GPU/TPU memory that JAX needs; it only runs the host pipeline.
-    import tensorflow as tf  # noqa: PLC0415 - imported quietly by cli.run already
-
-    tf.config.set_visible_devices([], "GPU")
-    tf.config.set_visible_devices([], "TPU") if tf.config.list_physical_devices("TPU") else None
-
-
-def _initialize_distributed() -> None:
-    import jax  # noqa: PLC0415
-
-    if _COORDINATOR.value:
-        # CPU processes need a cross-process collectives backend; gloo ships with jaxlib.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    elif _DISTRIBUTED.value == "true" or (
-        _DISTRIBUTED.value == "auto" and startup.has_tpu_devices()
-    ):
-        jax.distributed.initialize()
-
-
 def _train(flag_values: flags.FlagValues) -> None:
     if not flag_values["verbosity"].present:
         # Orbax logs every save at INFO; the user's view is the one-line-per-log_every output.
         logging.set_verbosity(logging.WARNING)
-    _hide_accelerators_from_tensorflow()
-    _initialize_distributed()
+    startup.hide_accelerators_from_tensorflow()
+    startup.initialize_distributed(
+        _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _DISTRIBUTED.value
+    )
     from bertjax.pretrain import loop  # noqa: PLC0415 - after distributed init
 
     # The config keys set by --config.x=y flags: with config.init_checkpoint, the checkpoint

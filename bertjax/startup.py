@@ -83,3 +83,26 @@ def filtered_stderr(noise: re.Pattern, fn, *args, **kwargs):
             kept = [line for line in lines if not noise.search(line)]
             if kept:
                 print("\n".join(kept), file=sys.stderr, flush=True)
+
+
+def hide_accelerators_from_tensorflow() -> None:
+    """TensorFlow would otherwise grab GPU/TPU memory that JAX needs; it only runs the host
+    pipeline."""
+    tf = import_tensorflow()
+    tf.config.set_visible_devices([], "GPU")
+    if tf.config.list_physical_devices("TPU"):
+        tf.config.set_visible_devices([], "TPU")
+
+
+def initialize_distributed(coordinator: str | None, num_processes: int | None,
+                           process_id: int | None, mode: str) -> None:  # fmt: skip
+    """``jax.distributed.initialize``: with an explicit ``coordinator`` (CPU processes get gloo,
+    the cross-process collectives jaxlib ships), or by the cluster's auto-detection when ``mode``
+    is ``"true"``, or ``"auto"`` on a Cloud TPU VM (one host is a cluster of one)."""
+    import jax  # noqa: PLC0415
+
+    if coordinator:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator, num_processes, process_id)
+    elif mode == "true" or (mode == "auto" and has_tpu_devices()):
+        jax.distributed.initialize()

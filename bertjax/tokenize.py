@@ -9,14 +9,11 @@ HuggingFace ``BertTokenizerFast(vocab_file, do_lower_case)`` (see ``bertjax.data
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
 from absl import flags
 
 from bertjax import cli
-
-_BATCH_LINES = 4096
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -32,32 +29,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     )
 
 
-def _batches(stream: BinaryIO) -> Iterator[list[str]]:
-    """Lists of at most _BATCH_LINES decoded lines, without their line endings."""
-    batch: list[str] = []
-    for number, raw in enumerate(stream, start=1):
-        try:
-            batch.append(raw.decode("utf-8").removesuffix("\n"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"stdin line {number}: not UTF-8 ({e.reason})") from None
-        if len(batch) == _BATCH_LINES:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def tokenize_stream(tokenizer, stream: BinaryIO, out: TextIO) -> None:
-    """Writes one line of ids per line of ``stream`` (``tokenizer``: a WordPieceTokenizer)."""
-    import tensorflow as tf
-
-    tokenize = tf.function(tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
-    for lines in _batches(stream):
-        ids = tokenize(tf.constant(lines, tf.string))
-        for row in ids.to_list():
-            out.write(" ".join(map(str, row)) + "\n")
-
-
 def run(flag_values: flags.FlagValues, stdin: BinaryIO, stdout: TextIO) -> int:
     """The command on parsed flags; bad input raises ValueError (TokenizerError)."""
     from bertjax.data import tokenization  # TensorFlow: only after the flags parsed
@@ -65,7 +36,7 @@ def run(flag_values: flags.FlagValues, stdin: BinaryIO, stdout: TextIO) -> int:
     if not flag_values.vocab_file:
         raise ValueError("--vocab_file is required")
     tokenizer = tokenization.WordPieceTokenizer(flag_values.vocab_file, flag_values.do_lower_case)
-    tokenize_stream(tokenizer, stdin, stdout)
+    tokenization.tokenize_stream(tokenizer, stdin, stdout)
     return 0
 
 

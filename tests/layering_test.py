@@ -3,15 +3,20 @@
 Every ``import`` of a ``bertjax`` module in every file under ``bertjax/`` is read with ``ast``
 (imports inside functions too, relative ones, and ``from bertjax import x`` where ``x`` is a
 module). No module may import a command module, nor a module of a higher stage; ``pretrain`` and
-``finetune`` are peers that never import each other; only commands import ``cli``.
+``finetune`` are peers that never import each other; only commands import ``cli``. The scripts
+under ``bench/`` import libraries, never a command. A command parses flags and prints messages:
+besides the standard library it imports only absl and ml_collections (flags and configs), so
+whatever computes (JAX, NumPy, TensorFlow, orbax, ...) is in a library module.
 """
 
 import ast
 import pathlib
+import sys
 
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "bertjax"
+BENCH = PACKAGE.parent / "bench"
 # The commands users type (flags and messages only): no module of the package imports them.
 COMMANDS = frozenset({
     "bertjax.main", "bertjax.compile", "bertjax.convert", "bertjax.extract_features",
@@ -56,6 +61,20 @@ def imports(source: str, module: str, is_package: bool = False) -> set[str]:
                     child = f"{base}.{alias.name}"
                     found.add(child if _is_module(child) else base)
     return found
+
+
+def third_party(source: str) -> set[str]:
+    """Top-level names of the non-bertjax, non-standard-library modules ``source`` imports."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add((node.module or "").split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"bertjax", "__future__"}
+
+
+COMMAND_IMPORTS = frozenset({"absl", "ml_collections"})
 
 
 def stage(module: str) -> str:
@@ -117,3 +136,34 @@ def test_a_bad_import_is_found(source, expected):
     graph = package_graph()
     graph[module] = imports(path.read_text() + "\n" + source + "\n", module)
     assert any(expected in v and v.startswith(module) for v in violations(graph)), violations(graph)
+
+
+def _command_path(module: str) -> pathlib.Path:
+    return PACKAGE.parent / (module.replace(".", "/") + ".py")
+
+
+def test_commands_import_only_flag_libraries():
+    """A command holds flags and messages; anything that computes lives in a library module."""
+    found = {
+        module: sorted(third_party(_command_path(module).read_text()) - COMMAND_IMPORTS)
+        for module in sorted(COMMANDS)
+    }
+    assert {module: names for module, names in found.items() if names} == {}
+    assert third_party("import numpy as np\nfrom absl import flags\ndef f():\n import jax") == {
+        "numpy",
+        "absl",
+        "jax",
+    }
+
+
+def test_bench_scripts_import_no_command():
+    scripts = sorted(BENCH.glob("*.py"))
+    assert len(scripts) > 10  # the walk finds them
+    found = []
+    for path in scripts:
+        module = f"bench.{path.stem}"
+        for target in imports(path.read_text(), module):
+            if target in COMMANDS:
+                found.append(f"{path.relative_to(PACKAGE.parent)} imports the command {target}")
+    assert found == []
+    assert imports("from bertjax import compile as tool", "bench.x") == {"bertjax.compile"}

@@ -33,6 +33,8 @@ reference in ``bertjax/data/unicode_tables.py``; tests check every code point in
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import BinaryIO, TextIO
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -380,3 +382,34 @@ def create_tokenizer(kind: str, vocab_file: str, do_lower_case: bool):
     if kind == "sentencepiece":
         return SentencePieceTokenizer(vocab_file, do_lower_case)
     raise TokenizerError(f"tokenizer kind {kind!r}: expected 'wordpiece' or 'sentencepiece'")
+
+
+# ---------------------------------------------------------------- streams (bertjax.tokenize)
+
+STREAM_BATCH_LINES = 4096
+
+
+def _line_batches(stream: BinaryIO, batch_lines: int) -> Iterator[list[str]]:
+    """Lists of at most ``batch_lines`` decoded lines, without their line endings."""
+    batch: list[str] = []
+    for number, raw in enumerate(stream, start=1):
+        try:
+            batch.append(raw.decode("utf-8").removesuffix("\n"))
+        except UnicodeDecodeError as e:
+            raise TokenizerError(f"stdin line {number}: not UTF-8 ({e.reason})") from None
+        if len(batch) == batch_lines:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def tokenize_stream(tokenizer, stream: BinaryIO, out: TextIO,
+                    batch_lines: int = STREAM_BATCH_LINES) -> None:  # fmt: skip
+    """Writes one line of space-separated ids per line of ``stream`` (no special tokens; an
+    empty line gives an empty line), ``batch_lines`` lines per in-graph call."""
+    tokenize = tf.function(tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
+    for lines in _line_batches(stream, batch_lines):
+        ids = tokenize(tf.constant(lines, tf.string))
+        for row in ids.to_list():
+            out.write(" ".join(map(str, row)) + "\n")

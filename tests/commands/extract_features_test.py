@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax import extract_features
+from bertjax.finetune import features as extract_features
 from bertjax.interop import formats
 from bertjax.training import checkpoint
 

@@ -156,7 +156,7 @@ def test_every_format_reads_the_same_from_gs_as_from_disk(gcs, gcs_data, gcs_hf,
 
 def test_extract_features_on_gs_writes_what_it_writes_from_local_files(gcs, gcs_hf, converted,
                                                                        tmp_path):  # fmt: skip
-    from bertjax import extract_features
+    from bertjax.finetune import features as extract_features
 
     text = tmp_path / "input.txt"
     text.write_text("in the beginning\nand the earth ||| was without form\n\n")
