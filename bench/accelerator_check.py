@@ -1,52 +1,64 @@
 """Everything to run on the day a GPU or TPU is lent, one command: bench/accelerator_check.sh.
 
-On JAX's default backend, in order, each in its own processes (this one never holds the
-device), each recorded even when another fails:
+This process never imports JAX. It prints the device-time estimate (``bench/step_workloads.py``:
+per item, with its constants and where they come from), then starts one process per framework,
+one after the other, each doing all of that framework's work:
 
-1. ``self_check``: the fused kernel ``attention.resolve('fused', platform)`` against the XLA path
-   (``bertjax.model.attention.self_check.compare``) at several head sizes, dtypes and masks.
-2. ``device_tests``: the attention kernels' equality tests (tests/model/attention/<platform>/) with
-   ``BERTJAX_ATTENTION_TESTS_ON_DEVICE=<platform>``, so the kernels run natively, not in Pallas
-   interpret mode; the counts come from pytest's JUnit XML.
-3. ``step_times``: the train step through the peers' harness (``bench/step_bertjax.py`` with
-   ``--variant fused`` and ``--variant xlaattention``, and HF Flax's ``step_flax.py``, on
-   workloads written here in its workloads.json format: BERT-base at 128 and BERT-large at 512,
-   the peers' fp32 contract), each at the largest batch of a descending list that does not run
-   out of memory; MFU is the harness's model FLOP/s over the chip's dense bf16 peak
-   (``bertjax.training.accelerators.CHIPS``; none for a CPU).
-4. ``tiny_losses``: ``python -m bertjax.main --config=configs/tiny.py`` for ``--tiny_steps`` steps
-   on the device and again with ``JAX_PLATFORMS=cpu``; the losses of the log lines side by side.
+1. **bertjax** (``--child=bertjax``), on JAX's default backend:
 
-Writes ``accelerator_check-<UTC time>-<platform>.json`` (every number) and ``.md`` (the tables)
-to ``--out`` (default bench/results/), each with the machine, the date and the commit.
+   * ``self_check``: the fused kernel ``attention.resolve('fused', platform)`` against the XLA
+     path (``bertjax.model.attention.self_check.compare``) at the shapes of
+     ``step_workloads.SELF_CHECK_SHAPES``, dropout 0.1;
+   * ``device_tests``: the kernels' equality tests (tests/model/attention/<platform>/
+     flash_test.py ``-k equals_xla_path``), in this process through ``pytest.main``, with
+     ``BERTJAX_ATTENTION_TESTS_ON_DEVICE=<platform>`` so that they run natively, not in Pallas
+     interpret mode, under ``cases.assert_matches_xla``'s rule for native kernels; the counts
+     come from pytest's JUnit XML;
+   * ``step_times``, its workloads (``bench/step_workloads.py``; ``bench/step_frameworks.py``
+     times them): the peers' fp32 contract, and configs/bert_base.py in bf16 as it ships, with
+     rows of one padded instance or packed rows.
 
-``--sections`` and ``--workloads`` pick a part (all of it took over 9 minutes on an H200 on
-2026-11-26, most of it one compile per harness process: about 90 s each, six of them), so that a
-short lease can run it in pieces; a part not run is listed as such. ``tiny_losses`` needs
-TensorFlow (the data pipeline): a lent machine without it fails that section alone.
+2. **HF Flax** (``--child=hf-flax``): its ``step_times`` workloads, the harness's
+   ``step_flax.py`` called once per workload in one process.
+
+HF PyTorch is not part of the check: the peers' fp32 contract is compared with HF Flax, the
+same compiler; a third process would not fit the 6 minutes.
+
+Every process uses JAX's persistent compilation cache (``JAX_COMPILATION_CACHE_DIR``, default
+``~/.cache/bertjax/jax_cache``), so a second run on the same machine (a rerun of a section
+that failed, another ``--workloads``) skips the compiles the first one did.
+
+Results: ``accelerator_check-<UTC time>-<platform>.json`` (every number) and ``.md`` (the tables)
+in ``--out`` (default bench/results/), each with the machine, the date and the commit, rewritten
+after every section and workload, so a run stopped by its lease keeps what it measured. They
+hold the estimate beside what each item took. Exit status 1 when a section or process failed, a
+kernel missed its tolerance, an equality test failed or a workload has no row; 2 without the
+peers harness (``../shared/bench/peers`` beside the repository, or PEERS).
+
+``--sections``, ``--workloads`` and ``--impls`` pick a part for a shorter slot (the estimate is
+printed for the part); ``--estimate_only`` prints it and stops.
 
 ``--tiny`` is the CPU smoke mode the suite runs (tests/bench/accelerator_check_test.py): two
-self-check shapes, one interpret-mode equality case, a one-layer model for a few steps, four
-tiny.py steps at batch 8. Its numbers only show that the check works: they are never timings.
-Needs the peers harness (``../shared/bench/peers`` beside the repository, or PEERS).
+self-check shapes, one interpret-mode equality case, a one-layer model for three steps in each
+kind of workload, ``--peak_flops`` standing in for a chip's peak. Its numbers only show that the
+check works: they are never timings.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import platform as host_platform
-import re
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-import accelerator_report  # bench/, beside this script
+import accelerator_report as report  # bench/, beside this script
+import step_workloads
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The peers harness: PEERS, else ../shared/bench/peers beside the checkout (or beside the folder of
@@ -56,34 +68,7 @@ PEERS = pathlib.Path(
     os.environ.get("PEERS") or next((p for p in _BESIDE if p.exists()), _BESIDE[0])
 )
 ON_DEVICE = "BERTJAX_ATTENTION_TESTS_ON_DEVICE"  # tests/model/attention/cases.py's switch
-
-# (head_dim, dtype, causal) with attention dropout 0.1, as a pretraining run has it.
-SELF_CHECK_SHAPES = [
-    (64, "float32", False), (64, "bfloat16", False), (64, "bfloat16", True),
-    (128, "float32", False), (128, "bfloat16", True), (32, "bfloat16", False),
-]  # fmt: skip
-TINY_SELF_CHECK_SHAPES = [(32, "float32", False), (32, "bfloat16", True)]
-# name -> model shape and the batches to try, largest first (the first that fits is timed). Each
-# try that runs out of memory costs a compile, so the lists start where an 80 GB card fits fp32:
-# 256 x 128 is 32k tokens a step, past where a Hopper's matmuls saturate.
-WORKLOADS = {
-    "base128": dict(layers=12, hidden=768, heads=12, ffn=3072, seq=128,
-                    batches=[256, 128, 64, 32, 16], warmup_steps=3, measure_steps=10),
-    "large512": dict(layers=24, hidden=1024, heads=16, ffn=4096, seq=512,
-                     batches=[64, 32, 16, 8, 4], warmup_steps=3, measure_steps=10),
-}  # fmt: skip
-TINY_WORKLOADS = {
-    "tiny32": dict(layers=1, hidden=32, heads=2, ffn=64, seq=32, vocab_size=1100, n_masked=4,
-                   batches=[4], warmup_steps=1, measure_steps=2),
-}  # fmt: skip
-# impl -> (runner, variant): the harness's own names for what it runs.
-IMPLS = {
-    "bertjax-fused": ("step_bertjax.py", "fused"),
-    "bertjax-xla": ("step_bertjax.py", "xlaattention"),
-    "hf-flax": ("step_flax.py", "jit"),
-}
-OUT_OF_MEMORY = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|\bOOM\b")
-TRAIN_LINE = re.compile(r"^step (\d+)/\d+ loss (\S+)", re.MULTILINE)
+FRAMEWORKS = ("bertjax", "hf-flax")  # the order their processes run
 
 
 def machine() -> dict:
@@ -128,268 +113,258 @@ def self_check(platform: str, shapes) -> list[dict]:
     return rows
 
 
-def device_tests(platform: str, selection: list[str], scratch: pathlib.Path) -> dict:
-    """pytest on ``selection``, natively on ``platform`` when it is 'tpu' or 'gpu'."""
-    report = scratch / "device_tests.xml"
-    env = dict(os.environ, PYTHONPATH=_path(REPO))
+def device_tests(platform: str, tiny: bool, scratch: pathlib.Path) -> dict:
+    """The kernels' equality tests in this process, natively where the platform is 'tpu' or
+    'gpu' (tiny, on CPU: one interpret-mode case)."""
+    import pytest
+
+    family = platform if platform in ("tpu", "gpu") else "tpu"
+    selection = [f"tests/model/attention/{family}/flash_test.py", "-k", "equals_xla_path"]
+    if tiny:  # one interpret-mode case (float32, length 128, no dropout; not the packed 384s)
+        selection[-1] += " and 0.0 and not 200 and not 384"
     native = platform in ("tpu", "gpu")
     if native:
-        env[ON_DEVICE] = platform
+        os.environ[ON_DEVICE] = platform
+    xml = scratch / "device_tests.xml"
     began = time.perf_counter()
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    result = subprocess.run(
-        [*command, f"--junitxml={report}", *selection],
-        cwd=REPO, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+    options = ["-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--rootdir={REPO}"]
+    code = int(pytest.main([*options, f"--junitxml={xml}", *selection]))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    if report.exists():
-        for suite in ET.parse(report).getroot().iter("testsuite"):
+    if xml.exists():
+        for suite in ET.parse(xml).getroot().iter("testsuite"):
             for key in counts:
                 counts[key] += int(suite.get(key, 0))
     else:
         counts["errors"] = 1
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    tail = result.stdout.strip().splitlines()[-1:] or result.stderr.strip().splitlines()[-1:]
-    print(f"device tests ({'native' if native else 'interpret mode'}): {tail}", flush=True)
+    summary = (f"{counts['passed']} passed, {counts['failures']} failed, {counts['errors']} "
+               f"errors, {counts['skipped']} skipped")  # fmt: skip
+    print(f"device tests ({'native' if native else 'interpret mode'}): {summary}", flush=True)
+    return {"platform": platform, "native": native, "selection": selection, "returncode": code,
+            "seconds": time.perf_counter() - began, "summary": summary, **counts}  # fmt: skip
+
+
+def _section(name: str, run):
+    """A section's result and seconds, or {'error': ...}: one failing section does not lose the
+    others."""
+    began = time.perf_counter()
+    try:
+        result = run()
+    except Exception as e:  # recorded in the results; the exit status says it failed
+        print(f"{name} failed: {type(e).__name__}: {e}", flush=True)
+        result = {"error": f"{type(e).__name__}: {e}"}
+    seconds = time.perf_counter() - began
+    print(f"{name}: {seconds:.1f} s", flush=True)
+    return result, seconds
+
+
+def child(framework: str, plan: dict, launched: float) -> int:
+    """One framework's process: its sections and workloads, the results file updated after
+    each."""
+    import jax
+    import step_frameworks  # its imports count as start-up
+
+    from bertjax.training import accelerators
+
+    probed = machine()
+    path = report.path_for(pathlib.Path(plan["stem"]), probed["platform"])
+    start_s = time.time() - launched
+    print(f"{framework} process: started in {start_s:.1f} s on {probed['device_kind']}", flush=True)
+
+    def begin(results):
+        for key in ("mode", "sections", "estimate"):
+            results.setdefault(key, plan[key])
+        results.setdefault("machine", probed)
+        results.setdefault("processes", {})[framework] = {"start_s": start_s}
+        results.setdefault("seconds", {})[f"start:{framework}"] = start_s
+
+    report.update(path, begin)
+    tiny, scratch = plan["mode"] == "tiny", pathlib.Path(plan["scratch"])
+    platform = probed["platform"]
+    for name, run in (("self_check", lambda: self_check(platform, plan["shapes"])),
+                      ("device_tests", lambda: device_tests(platform, tiny, scratch))):  # fmt: skip
+        if framework == "bertjax" and name in plan["sections"]:
+            result, seconds = _section(name, run)
+            report.update(path, lambda r, n=name, v=result, s=seconds: _set(r, n, v, s))
+    workloads = step_workloads.TINY_WORKLOADS if tiny else step_workloads.WORKLOADS
+    peak, source = accelerators.peak_flops_per_device(plan["peak_flops"], probed["device_kind"])
+    print(f"MFU's peak: {source}", flush=True)
+    for name, impl in plan["steps"]:
+        if step_workloads.framework(impl) != framework:
+            continue
+        if framework == "bertjax":
+            check = "self_check" not in plan["sections"]  # else done at these settings
+            row = step_frameworks.bertjax_row(name, impl, workloads[name], peak, check)
+        else:
+            row = step_frameworks.hf_flax_row(name, workloads[name], peak)
+        report.update(path, lambda r, v=row: _set(r, "step_times", v, v["seconds"], append=True))
+    print(f"{framework} process: {jax.process_count()} process, done", flush=True)
+    return 0
+
+
+def _set(results: dict, key: str, value, seconds: float, append: bool = False) -> None:
+    if append:
+        results.setdefault(key, []).append(value)
+        key = f"step:{value['workload']}:{value['impl']}"
+    else:
+        results[key] = value
+    results.setdefault("seconds", {})[key] = seconds
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--tiny", action="store_true", help="the CPU smoke mode (module docstring)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    sections = ",".join(report.SECTIONS)
+    parser.add_argument("--sections", default=sections, help=f"comma-separated, of {sections}")
+    parser.add_argument(
+        "--workloads", default="", help="step_times' (default: those with default impls)"
+    )
+    parser.add_argument(
+        "--impls", default="", help="of bertjax, bertjax-xla, hf-flax (default: the workload's "
+        "default impls; all of them for a workload --workloads names)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peak_flops", type=float, default=0.0,
+        help="per-device peak for MFU (0: the chip table's dense bf16 peak; a CPU has none)",
+    )  # fmt: skip
+    parser.add_argument("--estimate_only", action="store_true", help="print the estimate, stop")
+    parser.add_argument("--child", choices=FRAMEWORKS, help=argparse.SUPPRESS)
+    parser.add_argument("--plan", help=argparse.SUPPRESS)  # the child's: the parent's plan
+    parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.sections = [s for s in args.sections.split(",") if s]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.impls = [i for i in args.impls.split(",") if i]
+    known = step_workloads.TINY_WORKLOADS if args.tiny else step_workloads.WORKLOADS
+    unknown = set(args.sections) - set(report.SECTIONS)
+    unknown |= set(args.workloads) - set(known)
+    unknown |= set(args.impls) - {impl for w in known.values() for impl in w.impls}
+    if unknown:
+        parser.error(f"unknown sections, workloads or impls: {', '.join(sorted(unknown))}")
+    return args
+
+
+def _plan(args, stem: pathlib.Path, scratch: pathlib.Path) -> dict:
+    """What the children do, and the estimate they record beside what they measure."""
+    tiny = args.tiny
+    workloads = step_workloads.TINY_WORKLOADS if tiny else step_workloads.WORKLOADS
+    steps = []
+    if "step_times" in args.sections:
+        steps = step_workloads.items(workloads, args.workloads, args.impls)
+    shapes = step_workloads.TINY_SELF_CHECK_SHAPES if tiny else step_workloads.SELF_CHECK_SHAPES
+    costs = [] if tiny else step_workloads.estimate(args.sections, steps, shapes)
     return {
-        "platform": platform, "native": native, "selection": selection,
-        "returncode": result.returncode, "seconds": round(time.perf_counter() - began, 1),
-        "summary": tail[0] if tail else "", **counts,
+        "mode": "tiny" if tiny else "full", "sections": args.sections, "steps": steps,
+        "shapes": shapes, "peak_flops": args.peak_flops, "stem": str(stem),
+        "scratch": str(scratch), "estimate": [vars(c) for c in costs],
     }  # fmt: skip
 
 
-def _path(*entries) -> str:
-    extra = os.environ.get("PYTHONPATH")
-    return os.pathsep.join([*(str(e) for e in entries), *([extra] if extra else [])])
+def _harness_workloads(plan: dict, scratch: pathlib.Path) -> pathlib.Path:
+    """The peers' workloads.json with the plan's contract workloads, one per (name, batch):
+    ``<name>_b<batch>``."""
+    import json
 
-
-def _workloads_file(workloads: dict, scratch: pathlib.Path) -> pathlib.Path:
-    """The peers' workloads.json with one workload per (name, batch): ``<name>_b<batch>``."""
     spec = json.loads((PEERS / "workloads.json").read_text())
+    tiny = plan["mode"] == "tiny"
+    workloads = step_workloads.TINY_WORKLOADS if tiny else step_workloads.WORKLOADS
     entries = {}
-    for name, shape in workloads.items():
-        for batch in shape["batches"]:
-            entry = {k: v for k, v in shape.items() if k != "batches"}
-            desc = f"{name} batch {batch} (bench/accelerator_check.py)"
-            entries[f"{name}_b{batch}"] = {**entry, "batch": batch, "desc": desc}
+    for name, _ in plan["steps"]:
+        w = workloads[name]
+        if w.kind != "contract":
+            continue
+        for batch in w.batches:
+            entries[f"{name}_b{batch}"] = {
+                **w.shape, "batch": batch, "warmup_steps": w.warmup_steps,
+                "measure_steps": w.measure_steps, "desc": f"{name} b{batch} (accelerator_check)",
+            }  # fmt: skip
     path = scratch / "workloads.json"
     path.write_text(json.dumps({"common": spec["common"], "workloads": entries}, indent=1))
     return path
 
 
-def _run_step(impl: str, workload: str, workloads_file, scratch, timeout: float) -> dict:
-    """One harness run: its steps.jsonl record, or {'error': ...} ('out of memory' for OOM)."""
-    runner, variant = IMPLS[impl]
-    script = REPO / "bench" / runner if runner == "step_bertjax.py" else PEERS / runner
-    results = scratch / f"results_{impl}_{workload}"
-    env = dict(os.environ, BENCH_WORKLOADS=str(workloads_file), BENCH_RESULTS=str(results))
-    env["PYTHONPATH"] = _path(REPO, PEERS)
-    command = [sys.executable, str(script), "--workload", workload, "--variant", variant]
+def _environment(scratch: pathlib.Path, workloads_file: pathlib.Path) -> dict:
+    env = dict(os.environ, BENCH_WORKLOADS=str(workloads_file))
+    env["BENCH_RESULTS"] = str(scratch / "harness_results")
+    extra = [p for p in (os.environ.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "bench"), str(PEERS), *extra])
+    cache = pathlib.Path.home() / ".cache" / "bertjax" / "jax_cache"
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))
+    return env
+
+
+def _run_child(framework: str, plan_file: pathlib.Path, env: dict, timeout: float) -> str | None:
+    """Runs one framework's process (its output goes to ours); None, or why it failed."""
+    command = [sys.executable, __file__, f"--child={framework}", f"--plan={plan_file}",
+               f"--launched={time.time()}"]  # fmt: skip
     try:
-        result = subprocess.run(command, cwd=PEERS, env=env, capture_output=True, text=True,
-                                timeout=timeout)  # fmt: skip
+        result = subprocess.run(command, cwd=REPO, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    records = (results / "steps.jsonl").read_text().splitlines() if results.exists() else []
-    if result.returncode == 0 and records:
-        return json.loads(records[-1])
-    output = result.stderr + result.stdout
-    if OUT_OF_MEMORY.search(output):
-        return {"error": "out of memory"}
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    skipped = json.loads(records[-1]).get("skipped") if records else None
-    return {"error": skipped or (lines[-1] if lines else f"exit {result.returncode}")}
+        return f"timed out after {timeout:.0f} s (--timeout)"
+    return None if result.returncode == 0 else f"exit status {result.returncode}"
 
 
-def step_times(workloads: dict, peak_flops, scratch: pathlib.Path, timeout: float) -> list[dict]:
-    """Per workload and impl: the largest batch that fits, timed by the harness, with MFU."""
-    workloads_file = _workloads_file(workloads, scratch)
-    rows = []
-    for name, shape in workloads.items():
-        for impl in IMPLS:
-            tried = []
-            for batch in shape["batches"]:
-                record = _run_step(impl, f"{name}_b{batch}", workloads_file, scratch, timeout)
-                tried.append({"batch": batch, "error": record.get("error")})
-                if record.get("error") != "out of memory":
-                    break
-            row = {"workload": name, "impl": impl, "batch": batch, "tried": tried,
-                   "error": record.get("error")}  # fmt: skip
-            if "error" not in record:
-                flops = record["achieved_flops_per_s"]
-                row.update(
-                    step_s_median=record["step_s_median"],
-                    step_s_min=record["step_s_min"],
-                    sequences_per_s=batch / record["step_s_median"],
-                    tokens_per_s=record["tokens_per_s"],
-                    achieved_flops_per_s=flops,
-                    mfu=flops / peak_flops if peak_flops else None,
-                    compile_s=record.get("compile_s"),
-                    loss_last=record["loss_last"],
-                )
-            print(f"step {name} {impl}: {row.get('error') or row['step_s_median']}", flush=True)
-            rows.append(row)
-    return rows
+def _finish(stem: pathlib.Path, plan: dict, failures: dict, child_s: float, wall: float) -> list:
+    """The processes' failures and the wall time into the results (which a process that failed
+    before probing the device never made: ``<stem>-unknown.json``); returns why it failed."""
+    found = sorted(stem.parent.glob(f"{stem.name}-*.json"))
+    path = found[0] if found else report.path_for(stem, "unknown")
+
+    def finish(results):
+        for key in ("mode", "sections", "estimate"):
+            results.setdefault(key, plan[key])
+        for framework, error in failures.items():
+            results.setdefault("processes", {}).setdefault(framework, {})["error"] = error
+        results["wall_s"] = wall
+        results.setdefault("seconds", {})["orchestration"] = wall - child_s
+
+    results = report.update(path, finish)
+    print(f"results: {path}, {path.with_suffix('.md')}", flush=True)
+    return report.failed(results)
 
 
-def _tiny_run(steps: int, flags: list, workdir: pathlib.Path, cpu: bool) -> subprocess.Popen:
-    """``configs/tiny.py`` for ``steps`` steps with more ``flags``, started (on CPU if ``cpu``)."""
-    env = dict(os.environ, PYTHONPATH=_path(REPO))
-    if cpu:
-        env["JAX_PLATFORMS"] = "cpu"
-    command = [
-        sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
-        f"--config.train.num_steps={steps}", f"--config.train.log_every={max(1, steps // 6)}",
-        "--config.train.eval_every=0", *flags,
-    ]  # fmt: skip
-    return subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def _losses(run: subprocess.Popen, where: str, timeout: float) -> tuple[list, list]:
-    """(steps, losses) of the run's log lines."""
-    stdout, stderr = run.communicate(timeout=timeout)
-    if run.returncode != 0:
-        raise RuntimeError(f"tiny run on {where} failed: {stderr.strip().splitlines()[-3:]}")
-    found = TRAIN_LINE.findall(stdout)
-    return [int(s) for s, _ in found], [float(loss) for _, loss in found]
-
-
-def tiny_losses(steps: int, flags: list, scratch: pathlib.Path, timeout: float) -> dict:
-    """configs/tiny.py on the device and on CPU: the logged losses at the same steps. The two
-    runs go at once: the CPU one does not use the device, and the device one mostly waits."""
-    device_run = _tiny_run(steps, flags, scratch / "tiny_device", cpu=False)
-    cpu_run = _tiny_run(steps, flags, scratch / "tiny_cpu", cpu=True)
-    try:
-        device_steps, device = _losses(device_run, "the device", timeout)
-        cpu_steps, cpu = _losses(cpu_run, "CPU", timeout)
-    finally:
-        for run in (device_run, cpu_run):
-            if run.poll() is None:  # the other run failed or timed out
-                run.kill()
-    if device_steps != cpu_steps or not device_steps:
-        raise RuntimeError(f"logged steps differ: device {device_steps}, cpu {cpu_steps}")
-    difference = max(abs(d - c) for d, c in zip(device, cpu, strict=True))
-    print(f"tiny.py losses, device vs cpu: largest difference {difference:.4f}", flush=True)
-    return {"steps": device_steps, "device": device, "cpu": cpu, "max_abs_difference": difference}
-
-
-def _section(name: str, run) -> dict | list:
-    """A section's result, or {'error': ...}: one failing section does not lose the others."""
+def main(argv=None) -> int:
     began = time.perf_counter()
-    try:
-        result = run()
-    except Exception as e:  # recorded in the results, the exit status says it failed
-        print(f"{name} failed: {type(e).__name__}: {e}", flush=True)
-        return {"error": f"{type(e).__name__}: {e}"}
-    print(f"{name}: {time.perf_counter() - began:.1f} s", flush=True)
-    return result
+    args = _parse(argv)
+    if args.child:
+        import json
 
+        return child(args.child, json.loads(pathlib.Path(args.plan).read_text()), args.launched)
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    stem = pathlib.Path(args.out) / f"accelerator_check-{date}"
+    with tempfile.TemporaryDirectory(prefix="accelerator_check.") as scratch_dir:
+        scratch = pathlib.Path(scratch_dir)
+        plan = _plan(args, stem, scratch)
+        costs = [step_workloads.Cost(**c) for c in plan["estimate"]]
+        print(step_workloads.describe(costs) if costs else "tiny mode: no device-time estimate "
+              "(CPU; its numbers are no timings)", flush=True)  # fmt: skip
+        if args.estimate_only:
+            return 0
+        if not (PEERS / "common.py").exists():
+            print(f"accelerator_check: no peers harness at {PEERS} (set PEERS)", file=sys.stderr)
+            return 2
+        plan_file = scratch / "plan.json"
+        import json
 
-def _probe(tiny: bool, sections: list, scratch: pathlib.Path) -> dict:
-    """``machine`` and ``self_check`` from a child process: this one never holds the device, so
-    the children after it can (a TPU takes one process at a time; a GPU process keeps what its
-    allocator took)."""
-    path = scratch / "probe.json"
-    command = [sys.executable, __file__, f"--probe={path}", f"--sections={','.join(sections)}"]
-    command += ["--tiny"] * tiny
-    result = subprocess.run(command, capture_output=True, text=True)
-    print(result.stdout, end="", flush=True)
-    if result.returncode != 0 or not path.exists():
-        raise SystemExit(f"accelerator_check: the device probe failed:\n{result.stderr[-3000:]}")
-    return json.loads(path.read_text())
-
-
-def _checks(results: dict, args, scratch, save) -> None:
-    """``args.sections`` after the probe, each in child processes, into ``results``; ``save()``
-    after each, so a run stopped part-way (a lease's time limit) keeps what it measured."""
-    tiny, sections, timeout = args.tiny, args.sections, args.timeout
-    platform = results["machine"]["platform"]
-    family = platform if platform in ("tpu", "gpu") else "tpu"
-    selection = [f"tests/model/attention/{family}/flash_test.py", "-k", "equals_xla_path"]
-    if tiny:  # one interpret-mode case (float32, length 128, no dropout; not the packed 384s)
-        selection[-1] += " and 0.0 and not 200 and not 384"
-    if "device_tests" in sections:
-        results["device_tests"] = _section(
-            "device tests", lambda: device_tests(platform, selection, scratch)
-        )
-        save()
-    peak = results["machine"]["peak_bf16_flops"]
-    workloads = TINY_WORKLOADS if tiny else WORKLOADS
-    workloads = {k: v for k, v in workloads.items() if not args.workloads or k in args.workloads}
-    if "step_times" in sections:
-        results["step_times"] = _section(
-            "step times", lambda: step_times(workloads, peak, scratch, timeout)
-        )
-        save()
-    flags = ["--config.train.global_batch_size=8"] if tiny else []  # tiny: a test, not a run
-    if "tiny_losses" in sections:
-        results["tiny_losses"] = _section(
-            "tiny losses", lambda: tiny_losses(args.tiny_steps, flags, scratch, timeout)
-        )
-
-
-def _write(results: dict, out: pathlib.Path, date: str) -> pathlib.Path:
-    """``<out>/accelerator_check-<UTC time>-<platform>.{json,md}`` (the time the run began);
-    returns the stem. Sections not run yet are absent from both."""
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = date.replace("+00:00", "Z").replace(":", "")
-    stem = out / f"accelerator_check-{stamp}-{results['machine']['platform']}"
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-    stem.with_suffix(".md").write_text(accelerator_report.markdown(results))
-    print(f"results: {stem}.json, {stem}.md", flush=True)
-    return stem
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
-    parser.add_argument("--tiny", action="store_true", help="the CPU smoke mode (module docstring)")
-    parser.add_argument("--tiny_steps", type=int, help="configs/tiny.py steps (300; tiny: 4)")
-    parser.add_argument("--timeout", type=float, default=1200, help="seconds per subprocess")
-    parser.add_argument(
-        "--sections", default=",".join(accelerator_report.SECTIONS),
-        help="comma-separated, of " + ",".join(accelerator_report.SECTIONS) + " (default all: "
-        "about 12 minutes on an H200, 2026-11-26; split them where a lease is shorter)",
-    )  # fmt: skip
-    parser.add_argument("--workloads", default="", help="step_times' workloads (default all)")
-    parser.add_argument("--probe", help=argparse.SUPPRESS)  # the child of _probe: its JSON file
-    args = parser.parse_args()
-    args.sections = [s for s in args.sections.split(",") if s]
-    args.workloads = [w for w in args.workloads.split(",") if w]
-    unknown = set(args.sections) - set(accelerator_report.SECTIONS)
-    unknown |= set(args.workloads) - set(TINY_WORKLOADS if args.tiny else WORKLOADS)
-    if unknown:
-        parser.error(f"unknown sections or workloads: {', '.join(sorted(unknown))}")
-    args.tiny_steps = args.tiny_steps or (4 if args.tiny else 300)
-    shapes = TINY_SELF_CHECK_SHAPES if args.tiny else SELF_CHECK_SHAPES
-    if args.probe:
-        probed = {"machine": machine()}
-        platform = probed["machine"]["platform"]
-        if "self_check" in args.sections:
-            probed["self_check"] = _section("self-check", lambda: self_check(platform, shapes))
-        pathlib.Path(args.probe).write_text(json.dumps(probed, default=float))
-        return 0
-    if not (PEERS / "common.py").exists():
-        print(f"accelerator_check: no peers harness at {PEERS} (set PEERS)", file=sys.stderr)
-        return 2
-    results = {"mode": "tiny" if args.tiny else "full"}
-    with tempfile.TemporaryDirectory(prefix="accelerator_check.") as scratch:
-        results.update(_probe(args.tiny, args.sections, pathlib.Path(scratch)))
-        began = results["machine"]["date"]
-        save = lambda: _write(results, pathlib.Path(args.out), began)
-        save()
-        _checks(results, args, pathlib.Path(scratch), save)
-    save()
-    failed = list(accelerator_report.failed(results))
-    failed += ["self_check"] * any(
-        not r["passed"] for r in accelerator_report.rows(results.get("self_check"))
-    )
-    failed += ["device_tests"] * bool(results.get("device_tests", {}).get("returncode"))
-    if failed:
-        print(f"accelerator_check: failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+        plan_file.write_text(json.dumps(plan))
+        env = _environment(scratch, _harness_workloads(plan, scratch))
+        failures, child_s = {}, 0.0
+        frameworks = {step_workloads.framework(impl) for _, impl in plan["steps"]}
+        if {"self_check", "device_tests"} & set(args.sections):
+            frameworks.add("bertjax")
+        for framework in (f for f in FRAMEWORKS if f in frameworks):
+            started = time.perf_counter()
+            error = _run_child(framework, plan_file, env, args.timeout)
+            child_s += time.perf_counter() - started
+            if error:
+                print(f"accelerator_check: {framework} process: {error}", flush=True)
+                failures[framework] = error
+        reasons = _finish(stem, plan, failures, child_s, time.perf_counter() - began)
+    if reasons:
+        print("accelerator_check: failed:\n  " + "\n  ".join(reasons), file=sys.stderr)
+    return 1 if reasons else 0
 
 
 if __name__ == "__main__":

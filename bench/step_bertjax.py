@@ -42,20 +42,11 @@ import sys
 import common
 
 
-def build_step(w, variant):
-    """Return a zero-arg callable doing one full train step and returning a float loss."""
-    import jax
-    import ml_collections
-    import numpy as np
-
+def contract_bert_config(w, variant, attention_check=True):
+    """The workload's model as the peers' contract has it (fp32, HF's exact GELU)."""
     from bertjax.model.config import BertConfig
-    from bertjax.model.heads import BertForPreTraining
-    from bertjax.pretrain import objective as objective_lib
-    from bertjax.training import compiled, optimizer
-    from bertjax.training import sharding as sh
-    from bertjax.training.step import StepConfig
 
-    bert_config = BertConfig(
+    return BertConfig(
         vocab_size=w["vocab_size"],
         hidden_size=w["hidden"],
         num_layers=w["layers"],
@@ -68,7 +59,23 @@ def build_step(w, variant):
         hidden_act="gelu",  # the peers run HF's default (exact) GELU
         gather_last_layer=variant != "fulllast",
         attention_impl={"xlaattention": "xla", "fused": "fused"}.get(variant, "auto"),
+        attention_check=attention_check,
     )
+
+
+def contract_trainer(w, variant, mesh, attention_check=True):
+    """(the trainer, the host batch) of the workload's contract on ``mesh``: nothing allocated
+    on the devices yet (bench/accelerator_check.py compiles and times it in its own process)."""
+    import ml_collections
+    import numpy as np
+
+    from bertjax.model.heads import BertForPreTraining
+    from bertjax.pretrain import objective as objective_lib
+    from bertjax.training import compiled, optimizer
+    from bertjax.training import sharding as sh
+    from bertjax.training.step import StepConfig
+
+    bert_config = contract_bert_config(w, variant, attention_check)
     # The workload's optimizer: optax-style AdamW, no clipping, constant lr.
     opt_config = ml_collections.ConfigDict(
         dict(
@@ -83,7 +90,6 @@ def build_step(w, variant):
             max_grad_norm=0.0,
         )
     )
-    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     model_config = sh.bert_config_for(bert_config, mesh)  # as build_steps fits it to the mesh
     if variant == "plainforms":
         model_config = model_config.replace(cpu_forms=False)
@@ -97,8 +103,6 @@ def build_step(w, variant):
         sh.DEFAULT_RULES,
         objective_lib.abstract_batch(w["batch"], seq, masked),
     )
-    step_fn = trainer.train_step
-    state = trainer.init_state(jax.random.key(w["seed"]))
     peer = common.make_batch(w)
     host_batch = {
         "input_ids": peer["input_ids"],
@@ -109,6 +113,19 @@ def build_step(w, variant):
         "masked_lm_weights": np.ones(peer["masked_lm_ids"].shape, np.float32),
         "next_sentence_labels": peer["next_sentence_labels"],
     }
+    return trainer, host_batch
+
+
+def build_step(w, variant):
+    """Return a zero-arg callable doing one full train step and returning a float loss."""
+    import jax
+
+    from bertjax.training import sharding as sh
+
+    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
+    trainer, host_batch = contract_trainer(w, variant, mesh)
+    step_fn = trainer.train_step
+    state = trainer.init_state(jax.random.key(w["seed"]))
     batch = sh.make_global_batch(host_batch, mesh)
     rng = jax.random.key_data(jax.random.key(1))
     holder = {"state": state}

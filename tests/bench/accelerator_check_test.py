@@ -1,83 +1,183 @@
-"""bench/accelerator_check.sh end to end on CPU in its tiny mode (interpret-mode kernels, a
-one-layer model, four tiny.py steps): the results it writes hold every section with numbers that
-agree with what they must be; shellcheck passes it; and the tests' switch to native kernels
-refuses to run where the device is not."""
+"""bench/accelerator_check.sh: its device-time estimate (within the 6 minutes, its constants the
+H200 log's figures), and the whole check on CPU in its tiny mode (one process per framework,
+interpret-mode kernels, one-layer models), whose results must agree with references: the
+commit, the first loss of an untrained model, the shipped config's dtypes in the compiled step,
+packed rows counted by the step as on the host, the peers' FLOP count behind MFU. Also: shellcheck
+passes it, and the tests' switch to native kernels refuses to run where the device is not."""
 
-import datetime
+import importlib.util
 import json
 import math
 import os
 import pathlib
 import platform
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from bertjax.data import bundled
 from tests.model.attention import cases
 
 REPO = pathlib.Path(__file__).parents[2]
 SCRIPT = REPO / "bench" / "accelerator_check.sh"
+H200 = REPO / "bench" / "results" / "h200-2026-11-26"
+PEAK = 1e12  # --peak_flops in tiny mode: a CPU has no chip-table peak
+pytestmark = pytest.mark.xdist_group("accelerator_check_test")  # one tiny run for the module
 
 
-def _run_tiny(out: pathlib.Path) -> subprocess.CompletedProcess:
+def _check(*flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a run
     # JAX_PLATFORMS: no libtpu probe; most optimizations off: these steps are all compile.
     env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
-    command = ["bash", str(SCRIPT), "--tiny", f"--out={out}"]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    command = ["bash", str(SCRIPT), *flags]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_tiny_mode_writes_every_section_with_its_numbers(tmp_path):
-    began = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    result = _run_tiny(tmp_path)
+def _bench_module(name: str):
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def test_default_run_estimates_at_most_six_minutes_of_one_gpu():
+    result = _check("--estimate_only", timeout=60)
+    assert result.returncode == 0, result.stderr
+    head, *items = result.stdout.strip().splitlines()
+    total = float(re.match(r"estimated device time: (\d+) s", head).group(1))
+    seconds = [float(line.split()[0]) for line in items]
+    assert total <= 360 and "within the 360 s budget" in head, result.stdout
+    assert abs(total - sum(seconds)) <= 0.5, result.stdout
+    for what in ("bertjax process start", "self_check, 4 shapes", "device_tests",
+                 "base128-fp32 bertjax", "base512-bf16 bertjax", "base512-bf16-packed bertjax",
+                 "hf-flax process start", "base128-fp32 hf-flax"):  # fmt: skip
+        assert sum(what in line for line in items) == 1, (what, result.stdout)
+    shorter = _check("--estimate_only", "--sections=device_tests", timeout=60).stdout
+    assert re.match(r"estimated device time: 57 s", shorter), shorter  # 2 + 20 + 35.1
+
+
+def test_estimate_constants_are_the_h200_logs_figures():
+    """The constants the estimate is made of, against the H200 run's own files."""
+    workloads = _bench_module("step_workloads")
+    run = json.loads(next(H200.glob("accelerator_check-*-gpu.json")).read_text())
+    for row in run["self_check"]:
+        shape = (row["head_dim"], row["dtype"], row["causal"])
+        assert workloads.SELF_CHECK_S[shape] == round(row["seconds"], 1), shape
+    log = (H200 / "log.txt").read_text()
+    assert workloads.DEVICE_TESTS_S == round(float(re.search(r"in ([\d.]+)s", log)[1]), 1)
+    for impl, key in (("bertjax-fused", "base128"),):
+        step = float(re.search(rf"step {key} {impl}: ([\d.]+)", log)[1])
+        assert workloads.STEP_S[("bertjax", key)] == round(step, 3)
+    step = float(re.search(r"step base128 hf-flax: ([\d.]+)", log)[1])
+    assert workloads.STEP_S[("hf-flax", "base128")] == round(step, 3)
+    # HF Flax's build holds its first step, BERT-large's measured; the rest is model init.
+    (hf_large,) = [r for r in json.loads((H200 / "large512_rest.json").read_text())
+                   if r["impl"] == "hf-flax"]  # fmt: skip
+    assert workloads.BUILD_S[("hf-flax", "large")] >= hf_large["compile_s"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accelerator_check")
+    result = _check("--tiny", f"--out={out}", f"--peak_flops={PEAK}")
     if result.returncode == 2 and "no peers harness" in result.stderr:
         pytest.skip(result.stderr.strip())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (json_path,) = tmp_path.glob("accelerator_check-*-cpu.json")
-    results = json.loads(json_path.read_text())
-    markdown = json_path.with_suffix(".md").read_text()
+    (json_path,) = out.glob("accelerator_check-*-cpu.json")
+    return json.loads(json_path.read_text()), json_path.with_suffix(".md").read_text()
 
+
+def test_tiny_run_records_the_machine_and_every_section(tiny):
+    results, markdown = tiny
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True)
     machine = results["machine"]
     assert machine["commit"] == head.stdout.decode().strip()
     assert machine["hostname"] == platform.node()
     assert (machine["platform"], machine["device_count"], machine["chip"]) == ("cpu", 1, None)
-    assert began <= datetime.datetime.fromisoformat(machine["date"])
-    assert results["mode"] == "tiny"
+    assert results["mode"] == "tiny" and results["estimate"] == []
     assert "Tiny mode: a test of this script, not accelerator timings." in markdown
+    assert "failed:" not in markdown and "not run:" not in markdown
 
-    shapes = [(r["head_dim"], r["dtype"], r["causal"]) for r in results["self_check"]]
-    assert shapes == [(32, "float32", False), (32, "bfloat16", True)]
-    for row in results["self_check"]:
-        assert row["kernel"] == "tpu_interpret" and row["passed"], row
-        assert 0 <= row["kernel_error"] <= row["allowed"] and row["seconds"] > 0
-        assert f"| tpu_interpret | 32 | {row['dtype']} | {row['causal']} | True |" in markdown
-
+    (row,) = results["self_check"]
+    assert (row["head_dim"], row["dtype"], row["causal"]) == (32, "bfloat16", True)
+    assert row["kernel"] == "tpu_interpret" and row["passed"], row
+    assert 0 <= row["kernel_error"] <= row["allowed"] and row["seconds"] > 0
+    assert "| tpu_interpret | 32 | bfloat16 | True | True |" in markdown
     tests = results["device_tests"]
     assert (tests["native"], tests["tests"], tests["passed"], tests["failures"]) == (False, 1, 1, 0)
     assert "Attention equality tests in interpret mode: 1 passed, 0 failed" in markdown
 
-    rows = {row["impl"]: row for row in results["step_times"]}
-    assert sorted(rows) == ["bertjax-fused", "bertjax-xla", "hf-flax"]
-    for impl, row in rows.items():
+    # One process per framework, each timed; every item of the run has its seconds.
+    assert sorted(results["processes"]) == ["bertjax", "hf-flax"]
+    steps = [f"step:{r['workload']}:{r['impl']}" for r in results["step_times"]]
+    assert sorted(results["seconds"]) == sorted(
+        ["start:bertjax", "self_check", "device_tests", *steps, "start:hf-flax", "orchestration"]
+    )
+    assert all(seconds >= 0 for seconds in results["seconds"].values())
+    assert results["wall_s"] >= sum(results["seconds"].values()) - 0.5
+
+
+def _harness_flops(layers, hidden, ffn, length, predictions, rows, vocab=1100) -> float:
+    """The peers' harness's count of a step's model FLOPs: every position of every layer."""
+    sys.path.insert(0, os.environ.get("PEERS") or str(REPO.parent / "shared" / "bench" / "peers"))
+    import common  # noqa: PLC0415 - the peers harness, present: the tiny run needs it
+
+    shape = dict(layers=layers, hidden=hidden, ffn=ffn, seq=length, vocab_size=vocab,
+                 batch=rows, n_masked=predictions, max_position_embeddings=512,
+                 type_vocab_size=2)  # fmt: skip
+    return common.model_flops(shape)["model_flops_per_step"]
+
+
+def _reference_flops(layers, hidden, ffn, length, predictions, rows) -> float:
+    """The harness's count less what bertjax's last layer skips: its queries, output
+    projection, FFN and attention at the L - (1 + P) positions no head reads, forward and
+    backward."""
+    full = _harness_flops(layers, hidden, ffn, length, predictions, rows)
+    skipped = length - 1 - predictions
+    per_position = 2 * (2 * hidden**2 + 2 * hidden * ffn) + 4 * length * hidden
+    return full - rows * 3 * skipped * per_position
+
+
+def test_tiny_rows_hold_the_shipped_dtypes_packed_rows_and_mfu(tiny):
+    results, markdown = tiny
+    rows = {(r["workload"], r["impl"]): r for r in results["step_times"]}
+    assert sorted(rows) == [("tiny32-bf16", "bertjax"), ("tiny32-bf16-packed", "bertjax"),
+                            ("tiny32-fp32", "bertjax"), ("tiny32-fp32", "hf-flax")]  # fmt: skip
+    spec = importlib.util.spec_from_file_location("shipped", REPO / "configs" / "bert_base.py")
+    shipped = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shipped)
+    model = shipped.get_config().model
+    for (workload, impl), row in rows.items():
         assert row["error"] is None and row["batch"] == 4, row
         assert 0 < row["step_s_min"] <= row["step_s_median"] < 10
-        assert math.isclose(row["tokens_per_s"], 4 * 32 / row["step_s_median"], rel_tol=1e-6)
-        assert row["mfu"] is None  # a CPU has no peak in the chip table
-        assert math.isfinite(row["loss_last"])
-        assert f"| tiny32 | {impl} | 4 | {row['step_s_median']:.4f} |" in markdown
-
-    tiny = results["tiny_losses"]
-    assert tiny["steps"] == [1, 2, 3, 4]
-    # Both runs are on CPU here: the same program, so the same losses.
-    assert tiny["device"] == tiny["cpu"] and tiny["max_abs_difference"] == 0
-    # An untrained model's MLM + NSP loss: ln(vocab) + ln(2).
-    vocab = sum(1 for line in open(bundled.bundled_paths().vocab) if line.strip())
-    assert abs(tiny["device"][0] - (math.log(vocab) + math.log(2))) < 0.5, tiny["device"]
-    assert f"| 1 | {tiny['device'][0]:.4f} | {tiny['cpu'][0]:.4f} |" in markdown
-    assert "failed:" not in markdown
+        # An untrained model's MLM + NSP loss: ln(vocab) + ln(2).
+        assert abs(row["loss_first"] - (math.log(1100) + math.log(2))) < 0.5, row
+        flops = _reference_flops(1, 32, 64, 32, 4, 4)
+        assert math.isclose(row["model_flops_per_step"], flops, rel_tol=1e-9), row
+        assert math.isclose(row["mfu"], flops / row["step_s_median"] / PEAK, rel_tol=1e-6)
+        mfu = f"{100 * row['mfu']:.1f}%"
+        assert f"| {workload} | {impl} | {row['dtype']} (" in markdown and mfu in markdown
+        if workload == "tiny32-fp32":  # the peers' contract: fp32 throughout
+            assert (row["dtype"], row["param_dtypes"]) == ("float32", ["float32"]), row
+            assert set(row.get("dot_dtypes") or {"f32": 1}) == {"f32"}, row
+            assert (row["instances"], row["tokens"]) == (4, 4 * 32)
+            continue
+        # As configs/bert_base.py ships: its compute dtype in the compiled step's matmuls, its
+        # param dtype in the state.
+        assert (row["dtype"], row["param_dtypes"]) == (model.dtype, [model.param_dtype]), row
+        assert model.dtype == "bfloat16" and row["dot_dtypes"].get("bf16", 0) > 20, row
+        # What the step counted on the device is what the host put in the rows.
+        assert (row["step_instances"], row["step_tokens"]) == (row["instances"], row["tokens"])
+        assert row["efficiency"] == row["tokens"] / (4 * 32) and row["tokens"] < 4 * 32
+    assert rows[("tiny32-bf16", "bertjax")]["instances"] == 4  # one instance per row, padded
+    assert rows[("tiny32-bf16-packed", "bertjax")]["instances"] > 4  # several
+    assert "tiny32-bf16-packed: 1." in markdown and "instances per row" in markdown
+    hf, ours = rows[("tiny32-fp32", "hf-flax")], rows[("tiny32-fp32", "bertjax")]
+    full = _harness_flops(1, 32, 64, 32, 4, 4)
+    assert hf["harness_flops_per_step"] == ours["harness_flops_per_step"] == full
 
 
 def test_shellcheck_passes():
