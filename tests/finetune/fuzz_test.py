@@ -92,6 +92,46 @@ def test_conll(testdata, tmp_path, record_property):
     )
 
 
+WORD = st.text(st.characters(codec="utf-8", exclude_categories=("Z", "C")), min_size=1,
+               max_size=8).filter(lambda w: w != "-DOCSTART-")  # fmt: skip
+
+
+@st.composite
+def _conll_document(draw):
+    """(file bytes, [(words, labels)]) of a well-formed CoNLL file: sentences of words with
+    labels from CoNLL-2003's set, each line ``word [POS CHUNK] label`` (the same width
+    throughout), one or more blank lines (LF or CRLF) between sentences, ``-DOCSTART-`` lines
+    among them; what any reader of the format must give back."""
+    labels = ner.CONLL2003_LABELS
+    sentences = draw(st.lists(st.lists(st.tuples(WORD, st.sampled_from(labels)), min_size=1,
+                                       max_size=6), min_size=1, max_size=5))  # fmt: skip
+    width = draw(st.sampled_from([2, 4]))
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    lines = []
+    for sentence in sentences:
+        lines += draw(st.sampled_from([[""], ["", ""], ["-DOCSTART- -X- -X- O", ""]]))
+        middle = ["NN", "I-NP"][: width - 2]
+        lines += [" ".join([word, *middle, label]) for word, label in sentence]
+    text = newline.join(lines) + draw(st.sampled_from(["", newline]))
+    expected = [([w for w, _ in s], [label for _, label in s]) for s in sentences]
+    return text.encode("utf-8"), expected
+
+
+def test_conll_reads_back_every_sentence_of_a_well_formed_file(tmp_path, record_property):
+    """Against the format itself: the words and labels written are the sentences read, in
+    order (a reader returning nothing, or dropping a sentence, a word or a label, fails)."""
+    task = ner.NerTask("conll2003")
+
+    def check(case):
+        contents, expected = case
+        (tmp_path / "train.txt").write_bytes(contents)
+        got = [(s.words, s.labels) for s in task.read(str(tmp_path), "train")]
+        assert got == expected
+
+    fuzz(record_property, "CoNLL-2003 well-formed (ner.NerTask.read)", _conll_document(), check,
+         max_examples=150)  # fmt: skip
+
+
 def test_swag_csv(testdata, tmp_path, record_property):
     task = swag.SwagTask("swag")
     cases = [

@@ -92,10 +92,35 @@ def test_readers_take_the_right_columns(tmp_path, name):
     assert (test_example.guid, test_example.text_a, test_example.label) == ("7", A, None)
 
 
-def test_mnli_has_matched_and_mismatched_splits():
+def test_mnli_reads_each_of_its_four_evaluation_files_and_submits_each_by_glues_name(tmp_path):
+    """GLUE's MNLI ships dev_matched.tsv, dev_mismatched.tsv, test_matched.tsv and
+    test_mismatched.tsv; the original run_classifier.py's MnliProcessor reads the matched dev
+    file with the labels contradiction, entailment, neutral (in that order). Each split must read
+    its own file (a sentence naming the file in each), and the leaderboard wants MNLI-m.tsv and
+    MNLI-mm.tsv."""
+    header, _, _, test_header, _ = LAYOUTS["mnli"]
+    for split in ("dev_matched", "dev_mismatched"):
+        row = f"0\t1\t2\tg\tx\tx\tx\tx\tfrom {split}\t{B}\tneutral\tcontradiction"
+        _write(tmp_path / f"{split}.tsv", f"{MNLI}\tlabel1\tgold_label", row)
+    for split in ("test_matched", "test_mismatched"):
+        _write(tmp_path / f"{split}.tsv", test_header, f"7\t1\t2\tg\tx\tx\tx\tx\tfrom {split}\t{B}")
     task = glue.GlueTask("mnli")
-    assert task.dev_splits == ("dev_matched", "dev_mismatched")
-    assert task.num_labels == 3 and glue.GlueTask("stsb").head == "regression"
+    evaluated = [*task.dev_splits, *task.test_splits]
+    assert sorted(evaluated) == ["dev_matched", "dev_mismatched", "test_matched", "test_mismatched"]
+    for split in evaluated:
+        (example,) = task.read(str(tmp_path), split)
+        assert example.text_a == f"from {split}"
+        assert example.label == (None if split.startswith("test") else "contradiction")
+    assert list(task.label_list) == ["contradiction", "entailment", "neutral"]
+    logits = np.asarray([[0.1, 3.0, 0.2]], np.float32)  # entailment
+    written = {}
+    for split in task.test_splits:
+        examples = task.read(str(tmp_path), split)
+        (path,) = task.write_predictions(str(tmp_path), split, examples, None, logits)
+        written[path.rsplit("/", 1)[-1]] = open(path).read()
+    assert written == dict.fromkeys(
+        ["MNLI-m.tsv", "MNLI-mm.tsv"], "index\tprediction\n7\tentailment\n"
+    )
 
 
 def test_wrong_column_count_names_file_and_line(tmp_path):

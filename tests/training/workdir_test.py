@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import bundled
+from bertjax.model.encoder import unstack_layers
 from bertjax.pretrain import objective as objective_lib
 from bertjax.training import checkpoint, checkpoint_manifest, compiled, optimizer, workdir
 from bertjax.training import sharding as sh
@@ -116,9 +117,36 @@ def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):
     assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
 
-def test_latest_params_errors_clearly(tmp_path):
+def test_latest_params_reads_the_newest_verified_step_or_says_why_it_cannot(tmp_path):
+    """What convert and fine-tuning read from a workdir: the params of its newest step that
+    verifies (a damaged newer step named and passed over), unscanned, with the recorded model,
+    vocab and casing; each way it cannot is one line."""
     with pytest.raises(checkpoint.CheckpointError, match="not a bertjax training workdir"):
         workdir.latest_params(tmp_path)
+    config = tiny_config()
+    objective, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
+    bert_config = objective_lib.bert_config_from(config)
+    workdir.write_record(tmp_path, bert_config, bundled.VOCAB, True, "{}")
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint that verifies"):
+        workdir.latest_params(tmp_path)
+    shifted = lambda step: state.replace(params=jax.tree.map(lambda x: x + step, state.params))
+    for step in (5, 7):
+        _save(tmp_path, shifted(step), (step,), np.asarray([1, 2], np.uint32))
+    step7 = tmp_path / workdir.CHECKPOINTS_DIR / "7"
+    data = max((p for p in step7.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[:-1])
+    lines = []
+    params, got_config, vocab, lower = workdir.latest_params(tmp_path, log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("checkpoint step 7 failed verification: ")
+    want = jax.device_get(shifted(5).params)
+    if bert_config.scan_layers:
+        want = {**want, "encoder": unstack_layers(want["encoder"], bert_config.num_layers)}
+    jax.tree.map(np.testing.assert_array_equal, params, want)
+    assert got_config == bert_config and vocab == str(tmp_path / "vocab.txt") and lower is True
+    (tmp_path / "bert_config.json").write_text(bert_config.replace(num_layers=3).to_json())
+    with pytest.raises(checkpoint.CheckpointError, match="num_layers=3, but .* has 2 encoder"):
+        workdir.latest_params(tmp_path, log=lambda _: None)
 
 
 def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch):
