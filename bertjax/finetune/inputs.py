@@ -58,11 +58,12 @@ class Pretrained:
     record: init_record.InitRecord | None  # the init checkpoint; None: a fine-tuned checkpoint
     from_record: bool  # a resume: model, vocab and casing came from the workdir's record
     loaded: dict | None = None
-    read: Callable[[], dict] | None = None
+    read: Callable[[str], dict] | None = None  # workdir (named in its errors) -> params
 
-    def params(self) -> dict:
+    def params(self, workdir: str = "") -> dict:
+        """The params; ``workdir``: the run's that asks for them (a sweep's runs share them)."""
         if self.loaded is None:
-            self.loaded = self.read()
+            self.loaded = self.read(workdir)
         return self.loaded
 
 
@@ -111,9 +112,9 @@ def _from_record(config, record: dict, init: init_record.InitRecord, workdir: st
     bert_config = recorded.replace(**model_overrides(config))
     lower = bool(record["do_lower_case"])
 
-    def read() -> dict:
+    def read(run_workdir: str) -> dict:
         load = lambda source: formats.load(source, do_lower_case=lower).params  # noqa: E731
-        params = init_record.reread(init, config.init_checkpoint, workdir, load)
+        params = init_record.reread(init, config.init_checkpoint, run_workdir or workdir, load)
         return _layout(params, bert_config)
 
     print(
@@ -125,12 +126,14 @@ def _from_record(config, record: dict, init: init_record.InitRecord, workdir: st
     return Pretrained(init, True, read=read), bert_config, vocab_file, lower
 
 
-def initial_params(model: nn.Module, pretrained: Pretrained, example: dict, rng):
-    """(what ``loop.fit`` starts from when no step restores, the record's init entry): at a
-    first start the params (:func:`init_params`) and the record naming the subtrees the model
-    drew itself; on a resume from the record a function that reads them, and the record."""
+def initial_params(model: nn.Module, pretrained: Pretrained, example: dict, rng, workdir: str):
+    """(what ``loop.fit`` starts from in ``workdir`` when no step restores, the record's init
+    entry): at a first start the params (:func:`init_params`) and the record naming the subtrees
+    the model drew itself; on a resume from the record a function that reads them, and the
+    record."""
     if pretrained.from_record:
-        return (lambda: init_params(model, pretrained.params(), example, rng)), pretrained.record
+        read = lambda: init_params(model, pretrained.params(workdir), example, rng)  # noqa: E731
+        return read, pretrained.record
     params = init_params(model, pretrained.params(), example, rng)
     fresh = tuple(sorted(set(params) - set(pretrained.params())))
     return params, dataclasses.replace(pretrained.record, fresh=fresh)

@@ -293,7 +293,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     model = build_model(task, bert_config)
     train_features = data.features[task.train_split]
     params, init = inputs.initial_params(
-        model, pretrained, train_features.arrays, jax.random.key(config.seed)
+        model, pretrained, train_features.arrays, jax.random.key(config.seed), workdir
     )
     run_config, train_rows = pack_train(config, task, train_features)
     fitted = fit(

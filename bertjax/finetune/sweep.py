@@ -57,12 +57,13 @@ def sweep(config, workdir: str) -> dict:
     for learning_rate in config.sweep.learning_rates:
         for restart in range(config.sweep.num_restarts):
             seed = config.seed + restart
+            run_dir = _run_dir(workdir, learning_rate, seed)
             params, init = inputs.initial_params(
-                model, pretrained, train_features.arrays, jax.random.key(seed)
+                model, pretrained, train_features.arrays, jax.random.key(seed), run_dir
             )
             fitted = T.fit(
                 run_config, task, model, params, train_rows,
-                workdir=_run_dir(workdir, learning_rate, seed), learning_rate=learning_rate,
+                workdir=run_dir, learning_rate=learning_rate,
                 seed=seed, bert_config=bert_config, vocab_file=vocab_file, lower=lower,
                 init=init, from_record=pretrained.from_record,
             )  # fmt: skip

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.finetune import loop
+from bertjax.finetune import loop, sweep
 from bertjax.training import checkpoint, init_record
 from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
@@ -111,3 +111,33 @@ def test_a_resumed_finetune_never_reads_its_init_checkpoint(
     got, _, _ = checkpoint.load_params(unsealed / "checkpoint")
     jax.tree.map(np.testing.assert_array_equal, got, want)
     assert results["dev"] == reference["dev"]
+
+
+def test_a_resumed_sweep_takes_its_model_from_the_first_runs_record(
+    testdata, tiny_checkpoint, tmp_path, capsys
+):
+    """A sweep of two runs from a copy of the checkpoint; the copy deleted and the second run's
+    workdir too (as if stopped before it started); the rerun, given the original directory:
+    the first run restores without reading it, the second reads it (checked against the first
+    run's record) and trains; every dev score is the first sweep's."""
+    movable = tmp_path / "init"
+    shutil.copytree(tiny_checkpoint, movable)
+    config = _config("finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
+                     init_checkpoint=str(movable))  # fmt: skip
+    config.sweep.learning_rates, config.sweep.num_restarts = (1e-3,), 2
+    first = sweep.sweep(config, str(tmp_path / "sweep"))
+    shutil.rmtree(movable)
+    runs = tmp_path / "sweep" / sweep.RUNS_DIR
+    shutil.rmtree(runs / "lr0.001_seed1")
+    capsys.readouterr()
+    config.init_checkpoint = str(tiny_checkpoint)
+    again = sweep.sweep(config, str(tmp_path / "sweep"))
+    out = capsys.readouterr().out
+    assert f"resuming {runs / 'lr0.001_seed0'}, fine-tuned from {movable} (bertjax)" in out
+    assert f"init_checkpoint {movable}: not read (step 2 restored; " in out
+    assert f"config.init_checkpoint={tiny_checkpoint}: {runs / 'lr0.001_seed0'} records " \
+        f"{movable} as its run's init checkpoint, and the record wins" in out  # fmt: skip
+    assert out.count(f"init_checkpoint {tiny_checkpoint}: read, as ") == 1
+    assert f"init_checkpoint {tiny_checkpoint}: read, as {runs / 'lr0.001_seed1'} holds no " \
+        "verified step" in out  # fmt: skip
+    assert [r["score"] for r in again["rows"]] == [r["score"] for r in first["rows"]]
