@@ -39,8 +39,10 @@ from etils import epath
 from bertjax import atomic
 from bertjax.interop import formats
 from bertjax.interop.converted import Converted, ConvertError, read_lines
+from bertjax.model.attention import self_check
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder
+from bertjax.training import kernel_check
 from bertjax.training import sharding as sh
 
 _PAIR_RE = re.compile(r"^(.*) \|\|\| (.*)$")
@@ -205,7 +207,9 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     positions = tuple(hidden_state_positions(layers, conv.config.num_layers))
     features = build_features(read_examples(input_file), tokenizer, max_seq_length)
     params = jax.device_put(conv.params["encoder"])
-    config = sh.bert_config_for(conv.config, sh.create_mesh((1, 1, 1), jax.devices()[:1]))
+    mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
+    shapes = self_check.Shapes(max_seq_length, packed=max_sequences_per_pack if pack else 0)
+    config = kernel_check.checked(sh.bert_config_for(conv.config, mesh), mesh, shapes)
     rows = _rows(features, batch_size, max_seq_length, max_sequences_per_pack if pack else 0)
     done: dict[int, str] = {}  # lines computed ahead of their turn (packing reorders a window)
     written = 0

@@ -54,9 +54,15 @@ import numpy as np
 
 from bertjax import atomic
 from bertjax.finetune import inputs, packed
-from bertjax.finetune.objective import Predictor, build_model, model_input_specs, objective_for
+from bertjax.finetune.objective import (
+    Predictor,
+    attention_shapes,
+    build_model,
+    model_input_specs,
+    objective_for,
+)
 from bertjax.finetune.tasks import FinetuneInputError
-from bertjax.training import checkpoint, compiled, metrics, optimizer
+from bertjax.training import checkpoint, compiled, kernel_check, metrics, optimizer
 from bertjax.training import loop as loop_lib
 from bertjax.training import sharding as sh
 from bertjax.training import start as core_start
@@ -159,6 +165,7 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     opt_config.learning_rate = float(learning_rate)
     opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
     example = train_features.arrays
+    model = _checked(task, model, example, mesh, _pack_width(config))
     objective = objective_for(task, model, example, mesh, _pack_width(config))
     train_batch = {
         k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
@@ -339,8 +346,17 @@ def pack_train(config, task, train_features):
     return _packed_batches(config, mesh, rows), rows.features
 
 
+def _checked(task, model, example: dict, mesh, pack: int):
+    """``model`` with the attention kernel its self-check decides at the run's shapes, on the
+    run's devices, before a step is built (``bertjax.training.kernel_check``)."""
+    shapes = attention_shapes(task, example, pack, model.config)
+    fitted = sh.bert_config_for(model.config, mesh)
+    return model.clone(config=kernel_check.checked(fitted, mesh, shapes))
+
+
 def predictor_for(run_config, task, model, example: dict, mesh) -> Predictor:
     """The Predictor of a run (``run_config``: its batch sizes in rows when packed)."""
+    model = _checked(task, model, example, mesh, _pack_width(run_config))
     objective = objective_for(task, model, example, mesh, _pack_width(run_config))
     return Predictor(objective, mesh, run_config.mesh.rules, run_config.eval_batch_size)
 

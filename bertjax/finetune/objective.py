@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.finetune import packed as packed_lib
 from bertjax.model import heads, losses
+from bertjax.model.attention import self_check
 from bertjax.model.config import BertConfig
 from bertjax.training import compiled
 from bertjax.training import sharding as sh
@@ -135,6 +136,15 @@ class FineTuning:
 
     def loss(self, sums, normalizers):
         return sums["task_loss_sum"] / jnp.maximum(normalizers["task"], 1.0)
+
+
+def attention_shapes(task, example: dict, packed: int, bert_config) -> self_check.Shapes:
+    """The attention calls a step of ``task`` makes on ``example``'s features (what the run's
+    kernel is checked at, ``bertjax.training.kernel_check``): L keys; packed rows of K; a packed
+    sentence head's last layer queries only the K [CLS] positions when the model gathers it."""
+    gathered = packed and task.head != "tagging" and bert_config.computes_only_output_positions
+    length = int(example["input_ids"].shape[-1])
+    return self_check.Shapes(length=length, queries=packed if gathered else 0, packed=packed)
 
 
 def objective_for(task, model: nn.Module, example: dict, mesh: Mesh, packed: int = 0) -> FineTuning:

@@ -2,9 +2,10 @@
 
 A run: take the architecture, vocab and initial params from ``config.init_checkpoint`` when it is
 set, or on a resume from the workdir's record, reading the checkpoint only if no step restores
-(``bertjax.pretrain.continued``) -> check the config and data (``bertjax.pretrain.inputs``)
--> build the abstract state, its shardings and the jitted steps
-(``bertjax.pretrain.objective.build_steps``) -> take the workdir and restore or initialise the
+(``bertjax.pretrain.continued``) -> check the config and data (``bertjax.pretrain.inputs``) ->
+check the fused attention kernel on the devices at the run's shapes
+(``bertjax.training.kernel_check``) -> build the abstract state, its shardings and the jitted
+steps (``bertjax.pretrain.objective.build_steps``) -> take the workdir and restore or initialise the
 state (``bertjax.training.start``; nothing is written before the run is accepted) -> the trainer
 core's loop (``bertjax.training.loop``: stepping, logging, checkpoints, preemption, the
 non-finite policy) with pretraining's data and evaluation.
@@ -34,6 +35,7 @@ from bertjax.pretrain import inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.pretrain import start as start_lib
 from bertjax.pretrain.objective import BATCH_KEYS, PACKED_KEYS
+from bertjax.training import kernel_check
 from bertjax.training import loop as loop_lib
 from bertjax.training import metrics as metrics_lib
 from bertjax.training import sharding as sh
@@ -92,7 +94,9 @@ def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | N
     config = inputs.resolve_packed_batch(config, mesh, jax.process_count())
     inputs.check_config(config, bert_config, mesh, jax.process_count())
     inputs.check_data(config, bert_config)
-    steps = objective_lib.build_steps(config, mesh)
+    shapes = objective_lib.attention_shapes(config, bert_config)
+    checked = kernel_check.checked(sh.bert_config_for(bert_config, mesh), mesh, shapes)
+    steps = objective_lib.build_steps(config, mesh, checked)
     started = core_start.start(workdir, start_lib.plan(config, steps, continued), steps.trainer)
     del continued  # its host params are on the devices now, or unused by a resumed run
     meta, signature = started.meta, inputs.data_signature(config)

@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from bertjax.data import pipeline
 from bertjax.model import losses
+from bertjax.model.attention import self_check
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import BertForPreTraining
 from bertjax.training import compiled, metrics, optimizer
@@ -161,10 +162,21 @@ class Steps:
     eval_batch: dict  # the abstract global eval batch
 
 
-def build_steps(config, mesh: Mesh) -> Steps:
+def attention_shapes(config, bert_config: BertConfig) -> self_check.Shapes:
+    """The attention calls a step of ``config`` makes (what the run's kernel is checked at,
+    ``bertjax.training.kernel_check``): L keys; with the gathered last layer, K [CLS] positions
+    (1 unpacked) + P masked positions as its queries; packed rows of K."""
+    length, pack = int(config.data.max_seq_length), pack_width(config)
+    gathered = max(pack, 1) + int(config.data.max_predictions_per_seq)
+    queries = gathered if bert_config.computes_only_output_positions else 0
+    return self_check.Shapes(length=length, queries=queries, packed=pack)
+
+
+def build_steps(config, mesh: Mesh, bert_config: BertConfig | None = None) -> Steps:
     """The trainer (abstract state, shardings, train step) and the eval step, jitted once for
-    ``config``'s global batch shapes on ``mesh``. Nothing is allocated."""
-    bert_config = sh.bert_config_for(bert_config_from(config), mesh)
+    ``config``'s global batch shapes on ``mesh``, of ``bert_config`` (default: the config's
+    model; the run passes the one its kernel check decided). Nothing is allocated."""
+    bert_config = sh.bert_config_for(bert_config or bert_config_from(config), mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     objective = objective_from(config, bert_config)
     tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))

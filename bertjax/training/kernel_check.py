@@ -1,27 +1,31 @@
-"""The run's fused attention kernel checked on its own devices before the first step.
+"""The run's fused attention kernel checked on its own devices, at its own shapes, at start-up.
 
 Interpret mode and the compiler are all that checked the Pallas kernels before a run; the
 hardware may still differ (an f32 dot on a TPU defaults to bf16 passes; the Mosaic and Triton
-lowerings). So where a step is built for its mesh (``sharding.bert_config_for``, which both
-pretraining and fine-tuning go through), a resolved fused kernel ('tpu', 'gpu',
-'tpu_interpret', 'gpu_interpret') with ``BertConfig.attention_check`` is compared with the XLA
-path by ``bertjax.model.attention.self_check.compare``: on this process's first device of the
-mesh, at the run's head size, dtype, attention dropout rate and causal mask, forward and the
-gradients of q, k and v, dropout on.
+lowerings), and a lowering bug may show only at some shapes. So before a loop builds its steps
+(``bertjax.pretrain.loop``, ``bertjax.finetune.loop``; feature extraction too), :func:`checked`
+compares a resolved fused kernel ('tpu', 'gpu', 'tpu_interpret', 'gpu_interpret') with
+``BertConfig.attention_check`` with the XLA path (``bertjax.model.attention.self_check.compare``)
+on this process's first device of the mesh: at the run's head size, dtype, attention dropout
+rate and causal mask, and at the run's attention shapes (``self_check.Shapes``: its length L,
+so the kernel's blocks are the run's; the query count of the gathered last layer; packed rows
+when the run packs), forward and the gradients of q, k and v, dropout on. Building a step
+(``sharding.bert_config_for``) checks nothing and allocates nothing.
 
-* It runs once per process for a (kernel, head size, dtype, rate, causal, device): a second
-  step builder (the eval step, another fine-tuning run) reuses the outcome.
+* It runs once per process for a (kernel, head size, dtype, rate, causal, shapes, device): a
+  second builder (the eval step, another fine-tuning run) reuses the outcome.
 * Processes agree (one ``process_allgather`` at start-up, never per step): if the kernel fails
   anywhere, every process runs 'xla', so that all compile the same step.
-* A failure prints one line, ``WARNING: attention self-check failed: ...``, that names the
-  largest difference, and the step is built with ``attention_impl='xla'``;
-  :func:`record_for` gives the outcome that ``bertjax.training.start`` writes into the
-  workdir's record (``bertjax_workdir.json``, key ``attention_check``).
+* A pass is one quiet record; a failure prints one line, ``WARNING: attention self-check failed:
+  ...``, that names the largest difference, and the step is built with ``attention_impl='xla'``;
+  :func:`record_for` gives the outcome that ``bertjax.training.start`` writes into the workdir's
+  record (``bertjax_workdir.json``, key ``attention_check``).
 * With 'xla', ``attention_check=False``, or a mesh of devices this process cannot run (the TPU
   topology ``python -m bertjax.compile`` lowers for) nothing is checked.
 
 Cost (``self_check``'s docstring has the measurement): on CPU, with the TPU kernel in interpret
-mode at D = 64, 2.5 s of CPU time, 4-6 s wall on a loaded 2-core machine; once per process.
+mode at D = 64 and L = 128, 2.5 s of CPU time, 4-6 s wall on a loaded 2-core machine; once per
+process.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from bertjax.model.attention import self_check
 from bertjax.model.config import BertConfig
 
 FUSED_KERNELS = ("tpu", "gpu", "tpu_interpret", "gpu_interpret")
-# (kernel, head_dim, dtype, rate, causal, device id) -> the outcome; once per process.
+# (kernel, head_dim, dtype, rate, causal, shapes, device id) -> the outcome; once per process.
 _outcomes: dict[tuple, self_check.Outcome] = {}
 # (head_dim, dtype, rate, causal) -> what the last check at those settings decided, for the record.
 _decisions: dict[tuple, dict] = {}
@@ -52,13 +56,14 @@ def _settings(bert_config: BertConfig) -> tuple:
     )
 
 
-def _outcome(kernel: str, bert_config: BertConfig, device) -> self_check.Outcome:
-    key = (kernel, *_settings(bert_config), device.id)
+def _outcome(kernel: str, bert_config: BertConfig, device, shapes) -> self_check.Outcome:
+    key = (kernel, *_settings(bert_config), shapes, device.id)
     if key not in _outcomes:
         head_dim, dtype, rate, causal = _settings(bert_config)
         _outcomes[key] = self_check.compare(
-            kernel, head_dim=head_dim, dtype=dtype, dropout_rate=rate, causal=causal, device=device
-        )
+            kernel, head_dim=head_dim, dtype=dtype, dropout_rate=rate, causal=causal,
+            device=device, shapes=shapes,
+        )  # fmt: skip
     return _outcomes[key]
 
 
@@ -70,9 +75,10 @@ def _failed_processes(passed: bool) -> list[int]:
     return [i for i, flag in enumerate(np.asarray(flags).reshape(-1)) if not flag]
 
 
-def checked(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
-    """``bert_config`` (its kernel resolved for ``mesh``) as the run runs it: unchanged, or with
-    ``attention_impl='xla'`` when its fused kernel fails the check (module docstring)."""
+def checked(bert_config: BertConfig, mesh: Mesh, shapes: self_check.Shapes) -> BertConfig:
+    """``bert_config`` (its kernel resolved for ``mesh``: ``sharding.bert_config_for``) as the
+    run runs it: unchanged, or with ``attention_impl='xla'`` when its fused kernel fails the check
+    at ``shapes``, the run's attention calls (module docstring)."""
     kernel = bert_config.attention_impl
     if kernel not in FUSED_KERNELS or not bert_config.attention_check:
         return bert_config
@@ -80,7 +86,7 @@ def checked(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
     devices = [d for d in mesh.devices.flat if d in local]
     if not devices:  # an abstract topology (compile), not devices this process runs
         return bert_config
-    outcome = _outcome(kernel, bert_config, devices[0])
+    outcome = _outcome(kernel, bert_config, devices[0], shapes)
     failed = _failed_processes(outcome.passed)
     decision = {**outcome.to_dict(), "runs": "xla" if failed else kernel}
     if failed:

@@ -43,7 +43,6 @@ from bertjax.model.axes import (
     VOCAB,
 )
 from bertjax.model.config import BertConfig
-from bertjax.training import kernel_check
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes the batch dimension is split over (the host pipeline shards data over these).
@@ -193,16 +192,15 @@ def make_global_batch(host_batch: dict, mesh: Mesh) -> dict:
 def bert_config_for(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
     """``bert_config`` as a step on ``mesh`` runs it, fitted to the mesh's platform: the
     attention ask resolved into a kernel (``bertjax.model.attention.resolve``) and, on CPU, the
-    XLA:CPU forms (``bertjax.model.cpu_forms``). Every step builder calls this once; a TPU mesh
-    gets the TPU forms even on a CPU host, as ``python -m bertjax.compile`` needs. A fused
-    kernel is then checked on the mesh's devices (``kernel_check``: 'xla' if it fails).
+    XLA:CPU forms (``bertjax.model.cpu_forms``). Every step builder calls this; a TPU mesh gets
+    the TPU forms even on a CPU host, as ``python -m bertjax.compile`` needs. Pure and
+    idempotent: the run checks its fused kernel before (``bertjax.training.kernel_check``).
     ValueError for a kernel the platform cannot run."""
     platform = mesh.devices.flat[0].platform
-    resolved = bert_config.replace(
+    return bert_config.replace(
         attention_impl=attention.resolve(bert_config.attention_impl, platform),
         cpu_forms=platform == "cpu",
     )
-    return kernel_check.checked(resolved, mesh)
 
 
 @contextlib.contextmanager

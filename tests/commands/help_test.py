@@ -56,8 +56,8 @@ def test_help_lists_each_commands_own_flags_and_needs_no_tensorflow():
     assert list(answers) == list(COMMANDS)
     for command, (_, own) in COMMANDS.items():
         text = answers[command]["help"]
-        listed = lambda flag: flag in text or flag.replace("--", "--[no]") in text  # booleans
-        assert all(listed(flag) for flag in own), (command, text[-2000:])
+        listed = [flag in text or flag.replace("--", "--[no]") in text for flag in own]  # --[no]x
+        assert all(listed), (command, text[-2000:])
         assert not answers[command]["tensorflow"], f"--help of {command} imported TensorFlow"
     # The flags of one command do not leak into the next one's answer.
     assert "--topology" not in answers["convert"]["help"]

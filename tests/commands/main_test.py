@@ -451,4 +451,6 @@ def test_attention_self_check_falls_back_to_xla_with_one_line_and_a_record(env, 
         assert warnings == [], warnings
         assert (record["runs"], record["passed"]) == ("tpu_interpret", True)
     assert record["kernel"] == "tpu_interpret" and record["head_dim"] == 16
+    # Checked at the run's shapes: L = 32; the gathered last layer's [CLS] + 5 masked positions.
+    assert (record["length"], record["queries"], record["packed"]) == (32, 6, 0)
     assert len([line for line in result.stdout.splitlines() if line.startswith("step ")]) == 2

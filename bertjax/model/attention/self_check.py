@@ -4,11 +4,15 @@ Interpret mode is not the hardware (matmul precision and the Mosaic/Triton lower
 a run checks its kernel where it runs (``bertjax.training.kernel_check``). :func:`compare` runs
 :func:`bertjax.model.attention.attention` with ``kernel`` and with ``'xla'`` on a small input:
 
-* shapes: batch 2, 2 heads, 128 positions (one 128-lane block of the TPU kernel; two 64-row
-  blocks of the GPU kernel), the run's head size ``D``;
-* masks: example 0 a packed row of three instances (sequence ids 1 on [0, 40), 2 on [40, 64),
-  3 on [64, 128): a boundary inside a GPU block and one on its edge, so that the GPU kernel
-  skips blocks), example 1 unpacked and padded after position 77; causal if the run is;
+* shapes (:class:`Shapes`, the run's): batch 2, 2 heads, the run's head size ``D`` and length
+  ``L`` (so the kernel runs the blocks the run runs), every query against every key; and, when
+  the run's last layer computes only some positions (the gathered last layer: [CLS] and the
+  masked positions in pretraining, each instance's [CLS] in packed classification), ``Q`` such
+  queries at positions spread over the row, the first at the instances' starts;
+* masks: example 0, when the run packs, a packed row of up to three instances (sequence ids 1 on
+  [0, 5L/16), 2 on [5L/16, L/2), 3 on [L/2, L): at L = 128 a boundary inside a GPU block and one
+  on its edge, so that the GPU kernel skips blocks), else one instance padded after 7L/8;
+  example 1 unpacked and padded after 77L/128; causal if the run is;
 * the run's dtype and attention dropout rate, dropout on (the counter hash of ``dropout.py``
   draws the same mask on both paths). For the 'gpu' kernel also with dropout off, because there
   a call without dropout may run another kernel (cuDNN's, ``gpu/cudnn.py``: evaluation).
@@ -23,7 +27,8 @@ more than that. A wrong kernel (a scale, a mask, a dropout mask or a gradient of
 orders of magnitude more. A kernel that raises (it does not lower, compile or run on this
 device) fails too, with the first line of its error.
 
-Cost: a compile and a run of each of three paths (kernel, XLA, truth) per dropout setting. On
+Cost: a compile and a run of each of three paths (kernel, XLA, truth) per dropout setting and
+query count. At the default shapes (``Shapes()``: L = 128, packed, every query) on
 CPU, with the TPU kernel in interpret mode, D = 64, float32, dropout 0.1 (measured 2026-11-25 in
 a fresh process on a shared 2-core machine, load average ~10): 2.5 s of CPU time, 3.7-4.3 s
 wall; through ``bertjax.training.kernel_check`` 5-6 s wall at that load, for float32, bfloat16
@@ -42,12 +47,44 @@ import numpy as np
 from bertjax.model import attention
 
 BATCH, HEADS, LENGTH = 2, 2, 128
-_PADDED_AFTER = 77  # example 1's real tokens
-_INSTANCE_STARTS = (0, 40, 64)  # example 0's packed instances (sequence ids 1, 2, 3)
 _SEED = np.array([0x243F6A88, 0x85A308D3], np.uint32)
 # Allowed error beyond twice the XLA path's own, as a fraction of the output's largest magnitude.
 FLOORS = {"float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
 OUTPUTS = ("context", "dq", "dk", "dv")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The attention calls a run makes (module docstring): ``length`` keys L; ``queries``: the
+    gathered last layer's query count Q, 0 when every layer queries all L positions; ``packed``:
+    K when rows are packed (example 0 then holds up to three instances), 0 unpacked."""
+
+    length: int = LENGTH
+    queries: int = 0
+    packed: int = 3
+
+    def sequence_ids(self) -> np.ndarray:
+        """<int32>[BATCH, L] the two examples' key masks."""
+        length = self.length
+        ids = np.zeros((BATCH, length), np.int32)
+        if self.packed:
+            starts = sorted({0, (5 * length) // 16, length // 2})[: min(self.packed, 3)]
+            ids[0] = np.searchsorted(starts, np.arange(length), side="right")
+        else:
+            ids[0, : max(1, length - length // 8)] = 1
+        ids[1, : max(1, (77 * length) // 128)] = 1
+        return ids
+
+    def query_positions(self) -> np.ndarray:
+        """<int32>[BATCH, Q] the gathered queries' positions: each example's instance starts,
+        then positions spread over the row."""
+        ids = self.sequence_ids()
+        positions = np.round(np.linspace(0, self.length - 1, self.queries)).astype(np.int32)
+        positions = np.tile(positions, (BATCH, 1))
+        for b in range(BATCH):
+            starts = np.flatnonzero(np.diff(ids[b], prepend=0) > 0)[: self.queries]
+            positions[b, : len(starts)] = starts
+        return positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +93,7 @@ class Difference:
 
     output: str  # 'context', 'dq', 'dk' or 'dv'
     dropout: bool
+    queries: int  # Q of a gathered call; 0: every position queries
     kernel_error: float  # max |kernel - truth|
     xla_error: float  # max |xla - truth|
     scale: float  # max |truth|
@@ -83,6 +121,7 @@ class Outcome:
     dtype: str
     dropout_rate: float
     causal: bool
+    shapes: Shapes
     differences: tuple[Difference, ...]
     seconds: float
     error: str = ""  # the first line of what the kernel raised ("" when it ran)
@@ -101,92 +140,102 @@ class Outcome:
             return f"raised {self.error}"
         worst = self.worst
         setting = "with dropout" if worst.dropout else "without dropout"
+        length = self.shapes.length
+        where = f"{worst.queries} gathered queries" if worst.queries else f"{length} queries"
         return (
-            f"{worst.output} {setting} differs from the float32 truth by {worst.kernel_error:.3g} "
-            f"(XLA path: {worst.xla_error:.3g}, allowed {worst.allowed:.3g}, largest value "
-            f"{worst.scale:.3g})"
+            f"{worst.output} {setting} at L={length}, {where}, differs from the float32 truth "
+            f"by {worst.kernel_error:.3g} (XLA path: {worst.xla_error:.3g}, allowed "
+            f"{worst.allowed:.3g}, largest value {worst.scale:.3g})"
         )
 
     def to_dict(self) -> dict:
-        if self.error:
-            return {
-                "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
-                "dtype": self.dtype, "dropout_rate": self.dropout_rate, "causal": self.causal,
-                "passed": False, "error": self.error, "seconds": round(self.seconds, 3),
-            }  # fmt: skip
-        worst = self.worst
-        return {
+        settings = {
             "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
             "dtype": self.dtype, "dropout_rate": self.dropout_rate, "causal": self.causal,
-            "passed": self.passed, "worst_output": worst.output, "worst_dropout": worst.dropout,
+            "length": self.shapes.length, "queries": self.shapes.queries,
+            "packed": self.shapes.packed,
+        }  # fmt: skip
+        if self.error:
+            return {**settings, "passed": False, "error": self.error,
+                    "seconds": round(self.seconds, 3)}  # fmt: skip
+        worst = self.worst
+        return {
+            **settings, "passed": self.passed, "worst_output": worst.output,
+            "worst_dropout": worst.dropout, "worst_queries": worst.queries,
             "kernel_error": worst.kernel_error, "xla_error": worst.xla_error,
             "allowed": worst.allowed, "seconds": round(self.seconds, 3),
         }  # fmt: skip
 
 
-def _inputs(head_dim: int, dtype, device):
-    """q (scaled), k, v <dtype>[B, L, N, D], key mask <int32>[B, L], cotangent <float32>[B, L, N, D]
-    (float32 copies of q, k, v too, for the truth), on ``device``."""
+def _inputs(head_dim: int, dtype, device, shapes: Shapes):
+    """q (scaled), k, v <dtype>[B, L, N, D], key mask <int32>[B, L], cotangent
+    <float32>[B, max(L, Q), N, D] (float32 copies of q, k, v too, for the truth), on
+    ``device``."""
     rng = np.random.default_rng(0)
-    shape = (BATCH, LENGTH, HEADS, head_dim)
+    shape = (BATCH, shapes.length, HEADS, head_dim)
     query = rng.normal(size=shape) * 2 / np.sqrt(head_dim)
-    key, value, cotangent = (rng.normal(size=shape) for _ in range(3))
-    real = np.array([0, _PADDED_AFTER])
-    key_mask = (np.arange(LENGTH)[None] < real[:, None]).astype(np.int32)
-    key_mask[0] = np.searchsorted(_INSTANCE_STARTS, np.arange(LENGTH), side="right")
+    key, value = (rng.normal(size=shape) for _ in range(2))
+    cotangent = rng.normal(size=(BATCH, max(shapes.length, shapes.queries), HEADS, head_dim))
     # Rounded to the run's dtype first, so that the truth sees the very inputs the paths see.
     low = [np.asarray(jnp.asarray(x, dtype)) for x in (query, key, value)]
     put = lambda x: jax.device_put(x, device)
     return (
         tuple(put(x) for x in low),
         tuple(put(x.astype(np.float32)) for x in low),
-        put(key_mask),
+        put(shapes.sequence_ids()),
         put(cotangent.astype(np.float32)),
     )
 
 
-def _value_and_grads(kernel, qkv, key_mask, cotangent, *, causal, rate, seed):
-    """(context, dq, dk, dv) <float32> of sum(context * cotangent), jitted."""
+def _value_and_grads(kernel, qkv, key_mask, cotangent, *, causal, rate, seed, positions=None):
+    """(context, dq, dk, dv) <float32> of sum(context * cotangent), jitted; with ``positions``
+    <int32>[B, Q] only those queries (a gathered layer's: q and the cotangent taken there)."""
 
     def loss(query, key, value):
+        if positions is not None:
+            query = jnp.take_along_axis(query, positions[:, :, None, None], axis=1)
         context = attention.attention(
-            query, key, value, key_mask, causal=causal, query_positions=None,
+            query, key, value, key_mask, causal=causal, query_positions=positions,
             dropout_rate=rate, dropout_seed=seed, kernel=kernel,
         )  # fmt: skip
-        return jnp.sum(context.astype(jnp.float32) * cotangent), context
+        weights = cotangent[:, : context.shape[1]]
+        return jnp.sum(context.astype(jnp.float32) * weights), context
 
     grads, context = jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))(*qkv)
     return [np.asarray(x, np.float32) for x in (context, *grads)]
 
 
 def compare(kernel: str, *, head_dim: int, dtype: str, dropout_rate: float, causal: bool,
-            device=None) -> Outcome:  # fmt: skip
+            device=None, shapes: Shapes | None = None) -> Outcome:  # fmt: skip
     """Runs ``kernel`` (a resolved fused kernel: 'tpu', 'gpu', 'tpu_interpret', 'gpu_interpret')
-    and the XLA path on ``device`` (default: JAX's default device); see the module docstring."""
+    and the XLA path on ``device`` (default: JAX's default device) at ``shapes`` (default:
+    ``Shapes()``); see the module docstring."""
     began = time.perf_counter()
-    device = device or jax.devices()[0]
-    qkv, qkv32, key_mask, cotangent = _inputs(head_dim, jnp.dtype(dtype), device)
+    device, shapes = device or jax.devices()[0], shapes or Shapes()
+    qkv, qkv32, key_mask, cotangent = _inputs(head_dim, jnp.dtype(dtype), device, shapes)
     seed = jax.device_put(_SEED, device)
     floor, differences = FLOORS[str(jnp.dtype(dtype))], []
     rates = (dropout_rate, 0.0) if kernel == "gpu" and dropout_rate > 0 else (dropout_rate,)
+    gathered = [None] + ([shapes.query_positions()] if shapes.queries else [])
+    settings = (kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate),
+                causal, shapes)  # fmt: skip
     for rate in rates:
-        options = dict(causal=causal, rate=rate, seed=seed)
-        try:
-            got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
-        except Exception as e:  # a kernel that does not lower, compile or run here fails too
-            lines = str(e).strip().splitlines()
-            return Outcome(
-                kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate),
-                causal, tuple(differences), time.perf_counter() - began,
-                error=f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": "),
-            )  # fmt: skip
-        xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
-        with jax.default_matmul_precision("highest"):
-            truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
-        for name, g, x, t in zip(OUTPUTS, got, xla, truth, strict=True):
-            error, xla_error, scale = (float(np.abs(d).max()) for d in (g - t, x - t, t))
-            differences.append(Difference(name, rate > 0, error, xla_error, scale, floor))
-    return Outcome(
-        kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate), causal,
-        tuple(differences), time.perf_counter() - began,
-    )  # fmt: skip
+        for positions in gathered:
+            where = None if positions is None else jax.device_put(positions, device)
+            options = dict(causal=causal, rate=rate, seed=seed, positions=where)
+            try:
+                got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
+            except Exception as e:  # a kernel that does not lower, compile or run here fails too
+                lines = str(e).strip().splitlines()
+                error = f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+                return Outcome(*settings, tuple(differences), time.perf_counter() - began, error)
+            xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
+            with jax.default_matmul_precision("highest"):
+                truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
+            queries = 0 if positions is None else positions.shape[1]
+            for name, g, x, t in zip(OUTPUTS, got, xla, truth, strict=True):
+                error, xla_error, scale = (float(np.abs(d).max()) for d in (g - t, x - t, t))
+                differences.append(
+                    Difference(name, rate > 0, queries, error, xla_error, scale, floor)
+                )
+    return Outcome(*settings, tuple(differences), time.perf_counter() - began)
