@@ -162,13 +162,15 @@ def reread(init: InitRecord, init_checkpoint: str, workdir, read: Callable[[str]
             f"checkpoint (recorded: {init.source}): put it back, or pass where it is now with "
             "--config.init_checkpoint"
         ) from None
-    taken = {name: params[name] for name in init.subtrees if name in params}
-    found = params_fingerprint(taken) if len(taken) == len(init.subtrees) else "missing subtrees"
+    missing = [name for name in init.subtrees if name not in params]
+    taken = {name: params[name] for name in init.subtrees if not missing}
+    found = params_fingerprint(taken) if not missing else ""
     if found != init.params_sha256:
+        here = f"sha256 {found[:16]}..." if found else f"no {', '.join(missing)}"
         raise CheckpointError(
             f"{source}: not the params {workdir}'s run started from (its record: {init.source}, "
             f"{', '.join(init.subtrees)} with sha256 {init.params_sha256[:16]}...; here: "
-            f"{found[:16]}...): pass that checkpoint, or use a new workdir (nothing was changed)"
+            f"{here}): pass that checkpoint, or use a new workdir (nothing was changed)"
         )
     print(
         f"init_checkpoint {source}: read, as {workdir} holds no verified step; its params are "

@@ -18,7 +18,7 @@ from bertjax.data import bundled
 from bertjax.interop import hf
 from bertjax.interop.converted import ConvertError
 from bertjax.model.config import BertConfig
-from bertjax.training import checkpoint, checkpoint_manifest
+from bertjax.training import checkpoint, checkpoint_manifest, init_record
 from bertjax.training import workdir as workdir_lib
 from tests.fuzzing import JSON, check_one_line, file_contents, fuzz, json_mutated
 
@@ -115,14 +115,16 @@ def test_params_checkpoint_metadata(tiny_checkpoint, tmp_path, record_property):
 @pytest.fixture(scope="module")
 def tiny_workdir(tmp_path_factory):
     """A training workdir with one verified step whose state is a stand-in tree: a 2-layer
-    scanned encoder (leading axis 2), a pooler and a step counter."""
+    scanned encoder (leading axis 2), a pooler and a step counter; its record names an init
+    checkpoint (``init_record``), whose entry the fuzzer mutates too."""
     layer = {"output": {"bias": np.arange(4, dtype=np.float32).reshape(2, 2)}}
     state = {
         "params": {"encoder": {"layers": {"layer": layer}}, "pooler": {"bias": np.ones(2)}},
         "step": np.int32(1),
     }
     path = tmp_path_factory.mktemp("workdir") / "run"
-    workdir_lib.write_record(path, TINY, bundled.VOCAB, True, "{}")
+    init = init_record.InitRecord.of("/ckpt", "hf", state["params"], fresh=["mlm", "nsp"])
+    workdir_lib.write_record(path, TINY, bundled.VOCAB, True, "{}", init=init)
     checkpoints = workdir_lib.Checkpoints(path, keep=1, async_save=False, log=lambda _: None)
     checkpoints.open_for_writing()
     checkpoints.save(1, state, np.zeros(2, np.uint32), {"step": 1})
