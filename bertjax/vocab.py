@@ -5,9 +5,9 @@
         [--runner=local|DirectRunner|DataflowRunner|... [--beam_pipeline_options=... | -- ...]]
 
 The vocab's layout and how it is learned: ``bertjax.data.vocab``. With a Beam ``--runner`` the
-corpus is read and counted (or sampled) by Beam's workers and the learner runs here, giving the
-same vocab (``bertjax.data.vocab_beam``). TensorFlow is imported only after the flags are parsed,
-so ``--help`` answers at once.
+corpus is read and counted (or sampled) by Beam's workers, which send here only what the learner
+uses, and the learner runs here, giving the same vocab (``bertjax.data.vocab_beam``). TensorFlow
+is imported only after the flags are parsed, so ``--help`` answers at once.
 """
 
 from __future__ import annotations
@@ -57,22 +57,23 @@ def _run_checked(fv: flags.FlagValues) -> str:
         sentences = _sentence_sample(fv, files)
         vocab.train_sentencepiece(sentences, files, fv.output_file, fv.vocab_size, fv.do_lower_case)
         return f"wrote sentencepiece model {fv.output_file}"
-    counts = _word_counts(fv, files)
-    tokens = vocab.learn_wordpiece(counts, fv.vocab_size, fv.num_unused, files)
+    given = _learner_input(fv, files)
+    tokens = vocab.learn_wordpiece(given, fv.vocab_size, fv.num_unused, files)
     vocab.write_vocab(tokens, fv.output_file)
     return f"wrote {len(tokens)} tokens to {fv.output_file}"
 
 
-def _word_counts(fv: flags.FlagValues, files: list[str]) -> dict[str, int]:
-    """Counted here (``--runner=local``) or by Beam's workers: the same counts."""
+def _learner_input(fv: flags.FlagValues, files: list[str]):
+    """What the WordPiece learner uses of the word counts, counted here (``--runner=local``) or
+    by Beam's workers: the same."""
     from bertjax.data import vocab
 
     if fv.runner == "local":
-        return vocab.count_words(files, fv.do_lower_case)
+        return vocab.learner_input(vocab.count_words(files, fv.do_lower_case), fv.num_unused)
     from bertjax.data import vocab_beam
 
     beam = (fv.output_file, fv.runner, fv.beam_pipeline_options)
-    return vocab_beam.count_words(files, fv.do_lower_case, *beam)
+    return vocab_beam.learner_input(files, fv.do_lower_case, fv.num_unused, *beam)
 
 
 def _sentence_sample(fv: flags.FlagValues, files: list[str]) -> list[str]:

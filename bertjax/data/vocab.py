@@ -14,19 +14,21 @@ unknown piece and ``[CLS] [SEP] [MASK]`` (ids 2-4) as control symbols; the outpu
 read. Inputs may be gzip'd (``*.gz``). Outputs are written atomically (``bertjax.atomic``, local
 or ``gs://``), so a failed run leaves nothing behind.
 
-Both learners take what the corpus reading gives them (word counts; the sentence sample), so the
-reading can run elsewhere, on Beam (``bertjax.data.vocab_beam``), with the same result: the
-WordPiece learner sorts the counts it is given (ties by token) and the sample does not depend on
-the order lines arrive in.
+Both learners take what the corpus reading gives them, so the reading can run elsewhere, on Beam
+(``bertjax.data.vocab_beam``), with the same result: the WordPiece learner is given only what it
+uses of the word counts (``LearnerInput``: at most ``MAX_INPUT_TOKENS`` words, whatever the
+corpus; sums and filters that Beam's workers can compute), sorted, and the SentencePiece sample
+does not depend on the order lines arrive in.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import heapq
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import tensorflow as tf
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
@@ -117,20 +119,118 @@ def check_wordpiece_size(vocab_size: int, num_unused: int) -> None:
         )
 
 
-def learn_wordpiece(
-    counts: dict[str, int], vocab_size: int, num_unused: int, files: list[str]
-) -> list[str]:
-    """tensorflow-text's WordPiece learner on word ``counts`` of ``files`` (named in errors)."""
-    if not counts:
-        raise VocabError(f"input files {','.join(files)}: no words (empty corpus)")
-    vocab = learner.learn(  # it sorts what it is given (ties by token): order does not matter
-        counts.items(),
-        vocab_size,
-        reserved_tokens(num_unused),
-        lower_thresh=1,  # small corpora: let the threshold search go down to count 1
-        max_unique_chars=2000,
-        max_token_length=50,
+# What ``learn_wordpiece`` asks of tensorflow-text's learner (``learner.learn``'s arguments).
+MAX_TOKEN_LENGTH = 50  # longer words are not learned from
+MAX_UNIQUE_CHARS = 2000  # the learner's alphabet: the most frequent characters
+MAX_INPUT_TOKENS = 5_000_000  # the learner learns from the most frequent words only (its default)
+_THRESHOLDS = (1, 10**7)  # its count threshold search: lower (small corpora: down to 1), upper
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerInput:
+    """All that tensorflow-text's WordPiece learner uses of a corpus's word counts.
+
+    ``learner.learn(counts)`` takes (1) the lowest and highest count of all words, where its
+    threshold search starts; (2) its alphabet, the ``MAX_UNIQUE_CHARS`` characters most frequent
+    in the words of at most ``MAX_TOKEN_LENGTH`` characters that are not reserved tokens
+    (``allowed_chars``); (3) of those words, the ones spelled in that alphabet (``usable``), the
+    ``MAX_INPUT_TOKENS`` most frequent (``input_cut``; ties in the order given: here by word).
+    Then it learns from those words alone. ``words``: (3), ``(word, count)`` pairs; ``lowest``,
+    ``highest``: (1), None for a corpus without words. Each step is a sum or a filter, so they
+    can run on Beam's workers (``bertjax.data.vocab_beam``) and only ``words`` reach the learner.
+    """
+
+    words: list[tuple[str, int]]
+    lowest: int | None
+    highest: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputCut:
+    """The learner's ``MAX_INPUT_TOKENS`` most frequent usable words: every one with a count
+    above ``count``, then the ``ties`` first words (by word) with ``count`` itself."""
+
+    count: int
+    ties: int
+
+
+def is_input_word(word: str, reserved: Sequence[str]) -> bool:
+    return len(word) <= MAX_TOKEN_LENGTH and word not in reserved
+
+
+def char_counts(word: str, count: int) -> list[tuple[str, int]]:
+    """``(character, count)`` for each character of an input word, counted once per occurrence
+    (as the learner weighs its alphabet)."""
+    return [(char, count * n) for char, n in collections.Counter(word).items()]
+
+
+def allowed_chars(char_totals: dict[str, int]) -> set[str]:
+    """The learner's alphabet from the summed ``char_counts`` (its own ranking)."""
+    return learner.get_allowed_chars(char_totals.items(), MAX_UNIQUE_CHARS)
+
+
+def is_usable(word: str, allowed: set[str]) -> bool:
+    return all(char in allowed for char in word)
+
+
+def input_cut(words_per_count: dict[int, int]) -> InputCut:
+    """How many usable words have each count -> the learner's cut (``InputCut``)."""
+    taken = 0
+    for count in sorted(words_per_count, reverse=True):
+        if taken + words_per_count[count] >= MAX_INPUT_TOKENS:
+            return InputCut(count, MAX_INPUT_TOKENS - taken)
+        taken += words_per_count[count]
+    return InputCut(0, 0)  # every usable word
+
+
+def learner_input(counts: dict[str, int], num_unused: int) -> LearnerInput:
+    """``LearnerInput`` of the word ``counts``, in this process."""
+    reserved = reserved_tokens(num_unused)
+    inputs = [(word, count) for word, count in counts.items() if is_input_word(word, reserved)]
+    totals: collections.Counter = collections.Counter()
+    for word, count in inputs:
+        for char, n in char_counts(word, count):
+            totals[char] += n
+    allowed = allowed_chars(totals)
+    usable = [(word, count) for word, count in inputs if is_usable(word, allowed)]
+    cut = input_cut(collections.Counter(count for _, count in usable))
+    ties = sorted(word for word, count in usable if count == cut.count)[: cut.ties]
+    words = [(word, count) for word, count in usable if count > cut.count]
+    values = counts.values()
+    return LearnerInput(
+        words + [(word, cut.count) for word in ties],
+        min(values, default=None),
+        max(values, default=None),
     )
+
+
+def learn_wordpiece(
+    given: LearnerInput, vocab_size: int, num_unused: int, files: list[str]
+) -> list[str]:
+    """tensorflow-text's WordPiece learner on what it uses of the word counts of ``files``
+    (named in errors): the vocab ``learner.learn`` gives on all the counts (tested)."""
+    if given.highest is None:
+        raise VocabError(f"input files {','.join(files)}: no words (empty corpus)")
+    lower, upper = _THRESHOLDS
+    params = learner.Params(
+        upper_thresh=upper,
+        lower_thresh=lower,
+        num_iterations=4,
+        max_input_tokens=MAX_INPUT_TOKENS,
+        max_token_length=MAX_TOKEN_LENGTH,
+        max_unique_chars=MAX_UNIQUE_CHARS,
+        vocab_size=vocab_size,
+        slack_ratio=0.05,
+        include_joiner_token=True,
+        joiner="##",
+        reserved_tokens=reserved_tokens(num_unused),
+    )  # learner.learn's defaults, but for the thresholds' lower bound and the alphabet
+    # learner.learn's own start of the search, from the lowest and highest count of all words.
+    upper, lower = learner.get_search_threshs(
+        [("", given.lowest), ("", given.highest)], upper, lower
+    )
+    words = sorted(given.words, key=lambda pair: (-pair[1], pair[0]))  # as learner.learn sorts
+    vocab = learner.learn_binary_search(words, lower, upper, params)
     # The learner's threshold search can end just above the target; the tail is least frequent.
     return vocab[:vocab_size]
 

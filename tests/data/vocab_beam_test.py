@@ -5,7 +5,7 @@ SentencePiece from the same sentence sample; a worker's input error is the comma
 
 import pytest
 
-from bertjax.data import vocab_beam
+from bertjax.data import vocab, vocab_beam
 from tests.data import vocab_test
 from tests.data.offline_beam_test import NO_PRISM
 
@@ -43,3 +43,21 @@ def test_a_workers_input_error_is_one_line(tmp_path, capsys):
     assert code == 1
     assert err == f"vocab: error: {tmp_path}/in.txt: not UTF-8 text (byte 15)\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+
+
+def test_the_learner_gets_only_what_it_uses_and_the_local_input(
+    corpus, tmp_path, small_units, monkeypatch
+):
+    """With the learner's caps met (vocab_test.learner_limits), Beam's workers send back the
+    ``MAX_INPUT_TOKENS`` words that ``vocab.learner_input`` keeps here, not every distinct word."""
+    vocab_test.learner_limits(monkeypatch, 400, 40)
+    files = vocab.expand_globs(corpus[0])
+    counts = vocab.count_words(files, do_lower_case=True)
+    local = vocab.learner_input(counts, num_unused=3)
+    beam = vocab_beam.learner_input(
+        files, True, 3, str(tmp_path / "vocab.txt"), "DirectRunner", NO_PRISM
+    )
+    assert len(beam.words) == 400 < len(counts)
+    assert sorted(beam.words) == sorted(local.words)
+    assert (beam.lowest, beam.highest) == (local.lowest, local.highest) == (1, max(counts.values()))
+    assert list(tmp_path.iterdir()) == []  # the scratch is gone

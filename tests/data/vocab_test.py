@@ -96,7 +96,7 @@ def test_wordpiece_vocab_round_trip(uncased_vocab, corpus):
 def test_cased_vocab_keeps_case(corpus, tmp_path):
     files = vocab_lib.expand_globs(corpus[0])
     counts = vocab_lib.count_words(files, do_lower_case=False)
-    tokens = vocab_lib.learn_wordpiece(counts, 700, 0, files)
+    tokens = vocab_lib.learn_wordpiece(vocab_lib.learner_input(counts, 0), 700, 0, files)
     assert len(tokens) <= 700 and tokens[:5] == list(tokenization.SPECIAL_TOKENS)
     assert any(t != t.lower() for t in tokens[5:])
     path = tmp_path / "cased.txt"
@@ -105,6 +105,47 @@ def test_cased_vocab_keeps_case(corpus, tmp_path):
     ours = tokenization.WordPieceTokenizer(str(path), do_lower_case=False)
     reference = BertTokenizerFast(vocab_file=str(path), do_lower_case=False)
     assert ours.encode(lines) == reference(lines, add_special_tokens=False)["input_ids"]
+
+
+def learner_limits(monkeypatch, words: int, chars: int) -> None:
+    """The learner's caps lowered, so that this small corpus meets them."""
+    monkeypatch.setattr(vocab_lib, "MAX_INPUT_TOKENS", words)
+    monkeypatch.setattr(vocab_lib, "MAX_UNIQUE_CHARS", chars)
+
+
+@pytest.mark.parametrize("limits", [None, (400, 40)], ids=["shipped", "caps-met"])
+def test_what_the_learner_is_given_makes_its_own_vocab(corpus, monkeypatch, limits):
+    """``learner_input`` keeps only what tensorflow-text's learner uses: the vocab is the one
+    ``learner.learn`` makes from all the counts (a word too long and a reserved one added;
+    with the caps met, the words kept are cut inside a tie and some characters are not in the
+    alphabet, and the lowest and highest counts come from words not kept)."""
+    from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as learner
+
+    if limits:
+        learner_limits(monkeypatch, *limits)
+    files = vocab_lib.expand_globs(corpus[0])[:1]  # half the corpus: the learner runs twice
+    counts = vocab_lib.count_words(files, do_lower_case=False)
+    counts.update({"x" * 51: 10**6, "[unused1]": 50})
+    given = vocab_lib.learner_input(counts, num_unused=2)
+    reference = learner.learn(
+        sorted(counts.items(), key=lambda pair: (-pair[1], pair[0])),  # ties at the cap by word
+        700,
+        vocab_lib.reserved_tokens(2),
+        lower_thresh=1,
+        max_unique_chars=vocab_lib.MAX_UNIQUE_CHARS,
+        max_token_length=50,
+        max_input_tokens=vocab_lib.MAX_INPUT_TOKENS,
+    )[:700]
+    assert vocab_lib.learn_wordpiece(given, 700, 2, files) == reference
+    kept = dict(given.words)
+    assert (given.lowest, given.highest) == (1, 10**6) and "x" * 51 not in kept
+    if limits:
+        assert len(kept) == 400 < len(counts)
+        cut = min(kept.values())
+        assert any(count == cut and word not in kept for word, count in counts.items())
+        assert min(counts.values()) < cut
+        alphabet = set("".join(kept))
+        assert len(alphabet) <= 40 < len(set("".join(counts)))
 
 
 def _run_main(capsys, argv: list[str]) -> tuple[int, str, str]:
