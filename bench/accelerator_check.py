@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import platform as host_platform
@@ -161,11 +162,15 @@ def _section(name: str, run):
 def child(framework: str, plan: dict, launched: float) -> int:
     """One framework's process: its sections and workloads, the results file updated after
     each."""
-    import jax
     import step_frameworks  # its imports count as start-up
 
     from bertjax.training import accelerators
 
+    if framework == "hf-flax":  # start-up too (without it, step_flax.py's row says so)
+        try:
+            import transformers.models.bert.modeling_flax_bert  # noqa: F401
+        except ImportError:
+            pass
     probed = machine()
     path = report.path_for(pathlib.Path(plan["stem"]), probed["platform"])
     start_s = time.time() - launched
@@ -193,12 +198,11 @@ def child(framework: str, plan: dict, launched: float) -> int:
         if step_workloads.framework(impl) != framework:
             continue
         if framework == "bertjax":
-            check = "self_check" not in plan["sections"]  # else done at these settings
-            row = step_frameworks.bertjax_row(name, impl, workloads[name], peak, check)
+            row = step_frameworks.bertjax_row(name, impl, workloads[name], peak)
         else:
             row = step_frameworks.hf_flax_row(name, workloads[name], peak)
         report.update(path, lambda r, v=row: _set(r, "step_times", v, v["seconds"], append=True))
-    print(f"{framework} process: {jax.process_count()} process, done", flush=True)
+    print(f"{framework} process: done", flush=True)
     return 0
 
 
@@ -215,7 +219,11 @@ def _parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(REPO / "bench" / "results"))
     parser.add_argument("--tiny", action="store_true", help="the CPU smoke mode (module docstring)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per process")
+    parser.add_argument(
+        "--timeout", type=float, default=600,
+        help="seconds for the whole check: a process still running then is stopped, the rest "
+        "not started, and the results say so (set it under the lease's own limit)",
+    )  # fmt: skip
     sections = ",".join(report.SECTIONS)
     parser.add_argument("--sections", default=sections, help=f"comma-separated, of {sections}")
     parser.add_argument(
@@ -262,29 +270,6 @@ def _plan(args, stem: pathlib.Path, scratch: pathlib.Path) -> dict:
     }  # fmt: skip
 
 
-def _harness_workloads(plan: dict, scratch: pathlib.Path) -> pathlib.Path:
-    """The peers' workloads.json with the plan's contract workloads, one per (name, batch):
-    ``<name>_b<batch>``."""
-    import json
-
-    spec = json.loads((PEERS / "workloads.json").read_text())
-    tiny = plan["mode"] == "tiny"
-    workloads = step_workloads.TINY_WORKLOADS if tiny else step_workloads.WORKLOADS
-    entries = {}
-    for name, _ in plan["steps"]:
-        w = workloads[name]
-        if w.kind != "contract":
-            continue
-        for batch in w.batches:
-            entries[f"{name}_b{batch}"] = {
-                **w.shape, "batch": batch, "warmup_steps": w.warmup_steps,
-                "measure_steps": w.measure_steps, "desc": f"{name} b{batch} (accelerator_check)",
-            }  # fmt: skip
-    path = scratch / "workloads.json"
-    path.write_text(json.dumps({"common": spec["common"], "workloads": entries}, indent=1))
-    return path
-
-
 def _environment(scratch: pathlib.Path, workloads_file: pathlib.Path) -> dict:
     env = dict(os.environ, BENCH_WORKLOADS=str(workloads_file))
     env["BENCH_RESULTS"] = str(scratch / "harness_results")
@@ -296,13 +281,16 @@ def _environment(scratch: pathlib.Path, workloads_file: pathlib.Path) -> dict:
 
 
 def _run_child(framework: str, plan_file: pathlib.Path, env: dict, timeout: float) -> str | None:
-    """Runs one framework's process (its output goes to ours); None, or why it failed."""
+    """Runs one framework's process (its output goes to ours) for at most ``timeout`` seconds;
+    None, or why it failed."""
+    if timeout <= 0:
+        return "not started: --timeout reached"
     command = [sys.executable, __file__, f"--child={framework}", f"--plan={plan_file}",
                f"--launched={time.time()}"]  # fmt: skip
     try:
         result = subprocess.run(command, cwd=REPO, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return f"timed out after {timeout:.0f} s (--timeout)"
+        return f"stopped after {timeout:.0f} s: --timeout reached"
     return None if result.returncode == 0 else f"exit status {result.returncode}"
 
 
@@ -329,8 +317,6 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     args = _parse(argv)
     if args.child:
-        import json
-
         return child(args.child, json.loads(pathlib.Path(args.plan).read_text()), args.launched)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     stem = pathlib.Path(args.out) / f"accelerator_check-{date}"
@@ -340,23 +326,29 @@ def main(argv=None) -> int:
         costs = [step_workloads.Cost(**c) for c in plan["estimate"]]
         print(step_workloads.describe(costs) if costs else "tiny mode: no device-time estimate "
               "(CPU; its numbers are no timings)", flush=True)  # fmt: skip
+        total = sum(c.seconds for c in costs)
+        if total > args.timeout:
+            over = f"the estimate ({total:.0f} s) is over --timeout ({args.timeout:.0f} s)"
+            print(f"accelerator_check: {over}: what does not fit will be stopped", flush=True)
         if args.estimate_only:
             return 0
         if not (PEERS / "common.py").exists():
             print(f"accelerator_check: no peers harness at {PEERS} (set PEERS)", file=sys.stderr)
             return 2
         plan_file = scratch / "plan.json"
-        import json
-
         plan_file.write_text(json.dumps(plan))
-        env = _environment(scratch, _harness_workloads(plan, scratch))
+        workloads_file = scratch / "workloads.json"
+        step_workloads.write_harness_workloads(
+            workloads_file, PEERS / "workloads.json", plan["steps"], args.tiny
+        )
+        env = _environment(scratch, workloads_file)
         failures, child_s = {}, 0.0
         frameworks = {step_workloads.framework(impl) for _, impl in plan["steps"]}
         if {"self_check", "device_tests"} & set(args.sections):
             frameworks.add("bertjax")
         for framework in (f for f in FRAMEWORKS if f in frameworks):
             started = time.perf_counter()
-            error = _run_child(framework, plan_file, env, args.timeout)
+            error = _run_child(framework, plan_file, env, args.timeout - (started - began))
             child_s += time.perf_counter() - started
             if error:
                 print(f"accelerator_check: {framework} process: {error}", flush=True)

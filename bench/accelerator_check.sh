@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The one command for the day a GPU or TPU is lent: the attention kernel self-check, the kernels'
-# equality tests on the device, the train step ('fused', 'xla', HF Flax) at BERT-base 128 and
-# BERT-large 512 with MFU, and configs/tiny.py's losses beside a CPU run's; everything goes to
-# bench/results/ (bench/accelerator_check.py's docstring has the sections).
+# The one command for the day a GPU or TPU is lent: the attention kernel self-check and the
+# kernels' equality tests on the device, then the train step (the peers' fp32 contract beside HF
+# Flax; configs/bert_base.py in bf16 as it ships, rows padded and packed) with MFU, one process
+# per framework; it prints its device-time estimate first and writes its results after every
+# section (bench/accelerator_check.py's docstring; docs/benchmarks.md, "The day an accelerator
+# is lent").
 #
-#   bash bench/accelerator_check.sh                  # on the lent machine
-#   bash bench/accelerator_check.sh --tiny --out /tmp/check   # CPU smoke mode: not timings
+#   bash bench/accelerator_check.sh --out "$OUT" --timeout 420    # on the lent machine
+#   bash bench/accelerator_check.sh --estimate_only               # the estimate, nothing run
+#   bash bench/accelerator_check.sh --tiny --out /tmp/check --peak_flops=1e12   # CPU smoke mode
 #
-# PY picks the interpreter (default python3, bertjax installed); PEERS the peers harness
-# (default ../shared/bench/peers beside the repository).
+# PY picks the interpreter (default python3, bertjax's dependencies installed); PEERS the peers
+# harness (default ../shared/bench/peers beside the repository).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"

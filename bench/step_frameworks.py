@@ -49,22 +49,23 @@ def dot_dtypes(stablehlo: str) -> dict[str, int]:
     return counts
 
 
-def _trainer(name: str, w, impl: str, batch: int, mesh, check: bool):
+def _trainer(name: str, w, impl: str, batch: int, mesh):
     """(trainer, resolved BertConfig, host batch, L, P, the harness's FLOPs or None) of one
-    workload at ``batch`` rows; ``check``: the trainer's attention self-check at start-up."""
+    workload at ``batch`` rows, built without the trainer's attention self-check at start-up:
+    the check's self_check section compares the kernel at the workloads' settings."""
     if w.kind == "contract":
         import common  # the peers harness
         import step_bertjax  # bench/
 
         spec = common.load_workload(f"{name}_b{batch}")
-        trainer, host_batch = step_bertjax.contract_trainer(spec, VARIANT[impl], mesh, check)
+        trainer, host_batch = step_bertjax.contract_trainer(spec, VARIANT[impl], mesh, False)
         harness = common.model_flops(spec)["model_flops_per_step"]
         config = trainer.objective.model.config
         return trainer, config, host_batch, spec["seq"], spec["n_masked"], harness
     from bertjax.pretrain import objective
 
     config = step_workloads.config_for(w, batch)
-    config.model.attention_check = check
+    config.model.attention_check = False
     steps = objective.build_steps(config, mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     host_batch = step_workloads.instance_rows(config, batch)
@@ -101,10 +102,8 @@ def _time_bertjax(trainer, host_batch, mesh, warmup: int, measure: int) -> dict:
     return out
 
 
-def bertjax_row(name: str, impl: str, w, peak: float | None, check: bool) -> dict:
-    """One bertjax workload at the first batch that fits, timed (module docstring); ``check``:
-    the trainer's attention self-check at start-up (redundant after the self_check section,
-    which compares the kernel at the workloads' settings)."""
+def bertjax_row(name: str, impl: str, w, peak: float | None) -> dict:
+    """One bertjax workload at the first batch that fits, timed (module docstring)."""
     import jax
 
     from bertjax.training import metrics
@@ -113,23 +112,24 @@ def bertjax_row(name: str, impl: str, w, peak: float | None, check: bool) -> dic
     mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     began, tried = time.perf_counter(), []
     for batch in w.batches:
+        gc.collect()  # what a batch that ran out of memory left behind
         try:
-            built = _trainer(name, w, impl, batch, mesh, check)
+            built = _trainer(name, w, impl, batch, mesh)
             trainer, config, host_batch, length, predictions, harness = built
             timed = _time_bertjax(trainer, host_batch, mesh, w.warmup_steps, w.measure_steps)
+            error = None
         except Exception as e:  # out of memory: the next batch; anything else: the row's error
             error = _error(e)
-            tried.append({"batch": batch, "error": error})
-            gc.collect()
-            if error == "out of memory":
-                continue
+        tried.append({"batch": batch, "error": error})
+        if error == "out of memory":
+            continue
+        if error:
             return _failed(name, impl, batch, tried, error, began)
-        tried.append({"batch": batch, "error": None})
         params = {str(leaf.dtype) for leaf in jax.tree.leaves(trainer.abstract_state.params)}
         flops = batch * metrics.train_flops_per_sequence(config, length, predictions)
         row = {"workload": name, "impl": impl, "batch": batch, "tried": tried, "error": None,
                "dtype": config.dtype, "param_dtypes": sorted(params),
-               "attention": config.attention_impl, "attention_check": check,
+               "attention": config.attention_impl,
                "length": length, "predictions": predictions, "harness_flops_per_step": harness,
                **step_workloads.row_counts(host_batch), **timed}  # fmt: skip
         return _rates(row, flops, peak, began)
@@ -146,6 +146,7 @@ def hf_flax_row(name: str, w, peak: float | None) -> dict:
 
     began, tried = time.perf_counter(), []
     for batch in w.batches:
+        gc.collect()  # what a batch that ran out of memory left behind
         workload = f"{name}_b{batch}"
         results = os.path.join(common.RESULTS_DIR, "steps.jsonl")
         before, error = len(_lines(results)), None
@@ -154,13 +155,12 @@ def hf_flax_row(name: str, w, peak: float | None) -> dict:
             code = step_flax.main()
         except Exception as e:
             code, error = None, _error(e)
-        gc.collect()
         records = _lines(results)[before:]
         record = json.loads(records[-1]) if records else {}
         if code == 0 and "step_s_median" in record:
             tried.append({"batch": batch, "error": None})
             spec = common.load_workload(workload)
-            config = step_bertjax.contract_bert_config(spec, "fused")
+            config = step_bertjax.contract_bert_config(spec, VARIANT["bertjax"])
             flops = batch * metrics.train_flops_per_sequence(config, spec["seq"], spec["n_masked"])
             row = {"workload": name, "impl": "hf-flax", "batch": batch, "tried": tried,
                    "error": None, "dtype": spec["dtype"], "param_dtypes": [spec["dtype"]],

@@ -4,9 +4,9 @@
 
 * ``contract``: the peers' fp32 contract (``../shared/bench/peers/workloads.json``'s common
   hyper-parameters: fp32, exact GELU, AdamW, dropout 0.1, synthetic full rows from the harness's
-  ``common.make_batch``), run by bertjax (``bench/step_bertjax.py``'s model, the platform's fused
-  attention kernel; ``bertjax-xla``: the XLA attention) and by HF Flax (the harness's
-  ``step_flax.py``).
+  ``common.make_batch``), run by bertjax (``bench/step_bertjax.py``'s model with attention
+  'auto' as a run has it: the Pallas kernel on a GPU or TPU, XLA on CPU; ``bertjax-xla``: the
+  XLA attention) and by HF Flax (the harness's ``step_flax.py``).
 * ``config``: a shipped config file (``configs/bert_base.py``, ``configs/large.py``) as it ships
   (bf16 compute with fp32 params, tanh GELU, attention 'auto', the BERT Adam with clipping and
   warmup, ``pretrain.objective.build_steps``: what ``python -m bertjax.main`` compiles) with only
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import pathlib
 
 import numpy as np
@@ -48,12 +49,8 @@ SELF_CHECK_S = {
     (128, "float32", False): 6.9, (128, "bfloat16", True): 5.8, (32, "bfloat16", False): 7.6,
 }  # fmt: skip
 DEVICE_TESTS_S = 35.1  # pytest's own figure for the 12 native GPU cases (log.txt)
-# The trainer's own attention self-check at a workload's start-up, run only where the check's
-# self_check section did not compare the kernel at the workloads' settings: one compare in a
-# process whose GPU runtime is warm (the H200's second self-check shape).
-KERNEL_CHECK_S = 5.2
-# A workload's build up to its first timed step (bertjax: the kernel check, lower, compile, state
-# init, batch; HF Flax: model init, first step). bertjax BERT-base: a harness process of about
+# A workload's build up to its first timed step (bertjax: lower, compile, state init, batch; HF
+# Flax: model init, first step). bertjax BERT-base: a harness process of about
 # 90 s, less its start (20), 13 steps at 0.118 s and the kernel check's first compare (12.5).
 # BERT-large: twice the layers to compile (its XLA-attention process did not finish start,
 # compile and 13 steps in 95 s). HF Flax: BERT-large's first step took 39.2 s
@@ -120,8 +117,9 @@ TINY_WORKLOADS = {
                                    warmup_steps=1, measure_steps=2),
 }  # fmt: skip
 # (head_dim, dtype, causal), dropout 0.1. Every paper size has D = 64 (bertjax.model.config
-# SIZES); D = 128 stands for other models. The H200's D=128 float32 and D=32 shapes are left to
-# the equality tests (D 24 padded to 32 and 64, float32 and bfloat16).
+# SIZES); the first two are the timed workloads' settings (which skip the trainer's own start-up
+# check: run self_check in the same lease); D = 128 stands for other models. The H200's D=128
+# float32 and D=32 shapes are left to the equality tests (D 24 padded to 32, 64; both dtypes).
 SELF_CHECK_SHAPES = [(64, "float32", False), (64, "bfloat16", False), (64, "bfloat16", True),
                      (128, "bfloat16", True)]  # fmt: skip
 TINY_SELF_CHECK_SHAPES = [(32, "bfloat16", True)]
@@ -171,8 +169,6 @@ def estimate(sections: list[str], steps: list[tuple[str, str]], shapes) -> list[
         for name, impl in fw_steps:
             w = WORKLOADS[name]
             build = BUILD_S[(fw, w.size)]
-            if fw == "bertjax" and "self_check" not in sections:
-                build += KERNEL_CHECK_S
             step = STEP_S.get((fw, w.timing), STEP_S[("bertjax", w.timing)])
             count = w.warmup_steps + w.measure_steps
             what, source = (
@@ -195,6 +191,22 @@ def describe(costs: list[Cost]) -> str:
     return "\n".join([head, *lines])
 
 
+def write_harness_workloads(path, peers_file, steps, tiny: bool) -> None:
+    """The peers' workloads.json (``peers_file``'s common hyper-parameters) at ``path``, with
+    the contract workloads of ``steps``, one per (name, batch): ``<name>_b<batch>``."""
+    workloads = TINY_WORKLOADS if tiny else WORKLOADS
+    entries = {}
+    for name in dict(steps):
+        w = workloads[name]
+        for batch in w.batches if w.kind == "contract" else ():
+            entries[f"{name}_b{batch}"] = {
+                **w.shape, "batch": batch, "warmup_steps": w.warmup_steps,
+                "measure_steps": w.measure_steps, "desc": f"{name} b{batch} (accelerator_check)",
+            }  # fmt: skip
+    common = json.loads(pathlib.Path(peers_file).read_text())["common"]
+    pathlib.Path(path).write_text(json.dumps({"common": common, "workloads": entries}, indent=1))
+
+
 # ---- synthetic batches (numpy; the lent machine has no TensorFlow) ----
 
 
@@ -210,7 +222,10 @@ def load_config(name: str):
 
 def config_for(w: Workload, rows: int):
     """The workload's shipped config with only the batch, its L and P (tiny mode) and its
-    model's size (tiny mode) changed; packing on for packed workloads."""
+    model's size (tiny mode) changed; packing on for packed workloads. ``rows`` goes into
+    ``train.global_batch_size``, which ``build_steps`` compiles as rows (``python -m
+    bertjax.main`` resolves a packed run's instances into rows before it:
+    ``pretrain.inputs.resolve_packed_batch``)."""
     config = load_config(w.config)
     config.model.update(w.shape)
     if w.length:
@@ -284,10 +299,3 @@ def row_counts(batch: dict[str, np.ndarray]) -> dict:
     rows, length = batch["input_ids"].shape
     return {"rows": rows, "instances": instances, "tokens": tokens,
             "efficiency": tokens / (rows * length)}  # fmt: skip
-
-
-def flops_note() -> str:
-    return (
-        "model FLOPs per step: rows x bertjax.training.metrics.train_flops_per_sequence (the last "
-        "layer at [CLS] and the masked positions only), as a run's log counts them"
-    )
