@@ -109,3 +109,18 @@ def test_without_beam_the_runner_says_how_to_install(corpus, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1
     assert "pip install 'bertjax[beam]'" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("how", ["delete", "truncate"])
+def test_a_lost_or_short_piece_is_one_line_and_no_output(
+    corpus, tmp_path, capsys, monkeypatch, how
+):
+    """As ``--runner=local`` (offline_test): a piece damaged after the units are written, before
+    its shard is concatenated, is the one line naming it; no shard, and the scratch is gone."""
+    damage = offline_test.Damage(monkeypatch, how)
+    out = tmp_path / "out" / "train.tfrecord"
+    options = f"--beam_pipeline_options={NO_PRISM}"
+    assert _run(_argv(corpus, out, "--runner=DirectRunner", options)) == 1
+    assert ".beam-scratch-" in damage.path
+    assert capsys.readouterr().err == damage.message()
+    assert list(out.parent.iterdir()) == []  # no shard, no scratch

@@ -260,3 +260,150 @@ def test_default_workers_are_every_core_but_no_more_than_the_units():
     assert offline.default_workers(1, cores=2) == 1
     assert offline.default_workers(1000, cores=16) == 16
     assert offline.default_workers(0, cores=16) == 1
+
+
+class Damage:
+    """Damages one scratch piece between the unit stage and the concatenation: a hook on
+    ``shard_pieces.check``, which every concatenation (local and Beam) calls before it appends
+    anything. ``how``: 'delete' or 'truncate' (its last 10 bytes). ``call``: the check (0: the
+    first) whose first piece is damaged. ``expected``: the piece's bytes and records before."""
+
+    def __init__(self, monkeypatch, how: str, call: int = 0):
+        from bertjax.data import shard_pieces
+
+        self.how, self.calls, self.path, self.expected = how, call, None, None
+        check = shard_pieces.check
+
+        def damaging(pieces):
+            if pieces and self.path is None:
+                if self.calls == 0:
+                    self.damage(pieces[0].path)
+                self.calls -= 1
+            return check(pieces)
+
+        monkeypatch.setattr(shard_pieces, "check", damaging)
+
+    def damage(self, path):
+        import os
+
+        records = sum(1 for _ in tf.data.TFRecordDataset(path))
+        self.path, self.expected = path, (os.path.getsize(path), records)
+        if self.how == "delete":
+            os.remove(path)
+        else:
+            with open(path, "r+b") as f:
+                f.truncate(self.expected[0] - 10)
+
+    def message(self, prog="create_pretraining_data") -> str:
+        """The one line the command must print (the unit and shard are in the piece's name)."""
+        size, records = self.expected
+        found = "missing" if self.how == "delete" else f"{size - 10} bytes"
+        name = self.path.rsplit("/", 1)[1]  # unit-UUUUUU-shard-SSSSS-ATTEMPT.tfrecord
+        unit, shard = int(name.split("-")[1]), int(name.split("-")[3])
+        return (
+            f"{prog}: error: {self.path}: {found}, expected {size} bytes ({records} records) of "
+            f"work unit {unit} for output shard {shard}; no output shard written\n"
+        )
+
+
+@pytest.mark.parametrize("how", ["delete", "truncate"])
+def test_a_lost_or_short_piece_is_one_line_and_no_output(
+    corpus, tmp_path, capsys, monkeypatch, how
+):
+    out = tmp_path / "out" / "train.tfrecord"
+    damage = Damage(monkeypatch, how, call=1)  # the second unit: the first is appended already
+    argv = [
+        f"--input_file={corpus}", f"--output_file={out}", "--num_output_shards=3",
+        f"--vocab_file={bundled.VOCAB}", f"--max_seq_length={LENGTH}",
+        f"--max_predictions_per_seq={PREDICTIONS}", "--dupe_factor=1", "--work_unit_bytes=8000",
+        "--num_workers=2",
+    ]  # fmt: skip
+    assert _run(argv) == 1
+    assert damage.path is not None and "/unit-000001-shard-" in damage.path
+    assert capsys.readouterr().err == damage.message()
+    assert list(out.parent.iterdir()) == []  # no shard, no temporary
+
+
+def test_only_the_committed_attempt_of_a_unit_is_read(corpus, tmp_path, monkeypatch):
+    """Each unit runs twice (as Dataflow may run it): the first attempt's result is the one the
+    runner keeps; the second is a late duplicate whose pieces end partial. The output is that of
+    a run without duplicates."""
+    from bertjax.data import offline
+
+    argv = [
+        f"--input_file={corpus}", "--num_output_shards=2", f"--vocab_file={bundled.VOCAB}",
+        f"--max_seq_length={LENGTH}", f"--max_predictions_per_seq={PREDICTIONS}",
+        "--dupe_factor=1", "--work_unit_bytes=8000", "--num_workers=1",
+    ]  # fmt: skip
+    assert _run([*argv, f"--output_file={tmp_path / 'once' / 'train.tfrecord'}"]) == 0
+    write_unit = offline.write_unit
+
+    def twice(unit):
+        kept = write_unit(unit)
+        late = write_unit(unit)
+        for piece in late[1].pieces(offline._WORKER["job"].scratch_dir):
+            with open(piece.path, "r+b") as f:
+                f.truncate(piece.size // 2)
+        return kept
+
+    monkeypatch.setattr(offline, "write_unit", twice)
+    assert _run([*argv, f"--output_file={tmp_path / 'twice' / 'train.tfrecord'}"]) == 0
+    once, twice_ = _shards(tmp_path / "once"), _shards(tmp_path / "twice")
+    assert len(once) == 2 and all(once.values())
+    assert twice_ == once
+
+
+def test_packing_holds_one_window_of_the_units_instances_at_a_time(corpus, tmp_path, monkeypatch):
+    """With a window of 50 instances (``pipeline.PACK_WINDOW``), one unit and one shard: every
+    packed row holds instances of one window of 50 consecutive unpacked records (the unit's
+    shuffled order), windows in order, and together exactly the unpacked records."""
+    from bertjax.data import pipeline
+
+    window = 50
+    monkeypatch.setattr(pipeline, "PACK_WINDOW", window)  # read by the worker: this process
+    common = [
+        f"--input_file={corpus}", f"--vocab_file={bundled.VOCAB}", "--num_workers=1",
+        f"--max_seq_length={PACKED_LENGTH}", f"--max_predictions_per_seq={PACKED_PREDICTIONS}",
+        "--dupe_factor=1", "--short_seq_prob=0.5", f"--work_unit_bytes={10**9}",
+    ]  # fmt: skip
+    for name, extra in (("unpacked", []), ("packed", ["--pack_sequences"])):
+        assert _run([*common, *extra, f"--output_file={tmp_path / name / 'train.tfrecord'}"]) == 0
+    spec = _original_input_fn_features(PACKED_LENGTH, PACKED_PREDICTIONS)
+    position = {_key(r): i for i, r in enumerate(_parsed(tmp_path / "unpacked", spec))}
+    assert len(position) > 4 * window  # several windows, every record distinct
+    rows = _parsed(tmp_path / "packed", _packed_features(3, PACKED_LENGTH, PACKED_PREDICTIONS))
+    instances = [_unpack(row, 3, PACKED_LENGTH, PACKED_PREDICTIONS) for row in rows]
+    windows = [{position[_key(i)] // window for i in row} for row in instances]
+    assert all(len(w) == 1 for w in windows)  # no row crosses a window
+    in_order = [min(w) for w in windows]
+    assert in_order == sorted(in_order) and in_order[-1] == (len(position) - 1) // window
+    packed = sorted(position[_key(i)] for row in instances for i in row)
+    assert packed == list(range(len(position)))  # each record exactly once
+
+
+def _random_replacement(rows, buffer_size, rng):
+    """The reference: a list of rows, a random one out for each row in, the rest shuffled."""
+    buffer = []
+    for row in rows:
+        if len(buffer) < buffer_size:
+            buffer.append(row)
+            continue
+        i = rng.randrange(buffer_size)
+        yield buffer[i]
+        buffer[i] = row
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+@pytest.mark.parametrize("buffer_size", [1, 7, 100, 10_000])
+def test_the_shuffle_buffer_is_random_replacement(buffer_size):
+    import random
+
+    from bertjax.data import offline
+
+    generator = np.random.default_rng(0)
+    blocks = [generator.integers(0, 99, (int(generator.integers(1, 30)), 6)) for _ in range(60)]
+    rows = [row for block in blocks for row in block]
+    want = list(_random_replacement(rows, buffer_size, random.Random(5)))
+    got = list(offline.shuffled(blocks, buffer_size, random.Random(5)))
+    assert np.array_equal(np.stack(got), np.stack(want))

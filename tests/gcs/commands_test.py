@@ -138,3 +138,60 @@ def test_vocab_from_a_gs_corpus_to_gs(gcs, gcs_data, tmp_path):
             f"--output_file=gs://{DATA_BUCKET}/vocab-beam/vocab.txt", *flags_,
             "--runner=DirectRunner", f"--beam_pipeline_options={NO_PRISM}")  # fmt: skip
     assert _objects(gcs, f"gs://{DATA_BUCKET}/vocab-beam/") == _files(tmp_path / "out")
+
+
+DAMAGED_RUN = """  # how ('delete' | 'truncate'), then the command's flags
+import sys
+from bertjax import create_pretraining_data, startup
+from bertjax.data import shard_pieces
+
+tf = startup.import_tensorflow()  # without its start-up lines, as the command does
+
+how, check = sys.argv[1], shard_pieces.check
+
+
+def damaging(pieces):  # between the unit stage and the concatenation (tests/data/offline_test)
+    if pieces and shard_pieces.check is damaging:
+        path = pieces[0].path
+        data = tf.io.gfile.GFile(path, "rb").read()
+        print("damaged", path, len(data), sum(1 for _ in tf.data.TFRecordDataset(path)), flush=True)
+        if how == "delete":
+            tf.io.gfile.remove(path)
+        else:
+            with tf.io.gfile.GFile(path, "wb") as f:
+                f.write(data[:-10])
+        shard_pieces.check = check
+    check(pieces)
+
+
+shard_pieces.check = damaging
+sys.argv = ["create_pretraining_data", *sys.argv[2:]]
+create_pretraining_data.main()
+"""
+
+
+@pytest.mark.parametrize("how", ["delete", "truncate"])
+def test_a_lost_or_short_gs_piece_is_one_line_and_no_output(gcs, gcs_data, how):
+    """On Beam from gs:// to gs://, the scratch on gs://: a piece deleted or truncated after the
+    units are written is the one line naming it; no output object and no scratch object left."""
+    base = f"gs://{DATA_BUCKET}/damaged-{how}"
+    result = gcs.run(
+        [sys.executable, "-c", DAMAGED_RUN, how, f"--input_file={gcs_data.corpus}",
+         f"--output_file={base}/train.tfrecord", "--num_output_shards=2",
+         f"--vocab_file={gcs_data.vocab}", *SHAPE, "--dupe_factor=2", "--runner=DirectRunner",
+         f"--beam_pipeline_options={NO_PRISM}"],
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    _, path, size, records = result.stdout.splitlines()[-1].split()
+    scratch = f"{base}/train.tfrecord-00000-of-00002.beam-scratch-"  # beside the first shard
+    assert path.startswith(scratch) and "/unit-000000-shard-" in path
+    shard = int(path.rsplit("/", 1)[1].split("-")[3])
+    found = "missing" if how == "delete" else f"{int(size) - 10} bytes"
+    # Beam's and TensorFlow's own log lines come first in a subprocess; the error is the last.
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"create_pretraining_data: error: {path}: {found}, expected {size} bytes ({records} "
+        f"records) of work unit 0 for output shard {shard}; no output shard written"
+    )
+    assert _objects(gcs, f"{base}/") == {}
