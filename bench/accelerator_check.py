@@ -36,10 +36,11 @@ kernel missed its tolerance, an equality test failed or a workload has no row; 2
 peers harness (``../shared/bench/peers`` beside the repository, or PEERS).
 
 ``--sections``, ``--workloads`` and ``--impls`` pick a part for a shorter slot (the estimate is
-printed for the part); ``--estimate_only`` prints it and stops.
+printed for the part); ``--estimate_only`` prints it and stops; ``--timeout`` bounds the whole
+run (a process still running then is stopped, the rest are not started).
 
-``--tiny`` is the CPU smoke mode the suite runs (tests/bench/accelerator_check_test.py): two
-self-check shapes, one interpret-mode equality case, a one-layer model for three steps in each
+``--tiny`` is the CPU smoke mode the suite runs (tests/bench/accelerator_check_test.py): one
+self-check shape, one interpret-mode equality case, a one-layer model for three steps in each
 kind of workload, ``--peak_flops`` standing in for a chip's peak. Its numbers only show that the
 check works: they are never timings.
 """
