@@ -129,7 +129,9 @@ def test_tiny_run_records_the_machine_and_every_section(tiny):
 
 def _harness_flops(layers, hidden, ffn, length, predictions, rows, vocab=1100) -> float:
     """The peers' harness's count of a step's model FLOPs: every position of every layer."""
-    sys.path.insert(0, os.environ.get("PEERS") or str(REPO.parent / "shared" / "bench" / "peers"))
+    peers = os.environ.get("PEERS") or str(REPO.parent / "shared" / "bench" / "peers")
+    if peers not in sys.path:
+        sys.path.insert(0, peers)
     import common  # noqa: PLC0415 - the peers harness, present: the tiny run needs it
 
     shape = dict(layers=layers, hidden=hidden, ffn=ffn, seq=length, vocab_size=vocab,
