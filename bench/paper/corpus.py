@@ -16,7 +16,8 @@ Shared text: a corpus document is dropped when it has a 13-word sequence in comm
 protected text (a dev/test premise, hypothesis, question, passage or tweet), or, for a protected
 text of 8 to 12 words (claims, questions), contains it whole. Words are lower-cased ``\\w+``
 runs, so tokenisation and punctuation do not hide a match (VitaminC's ``" , "`` against
-Wikipedia's ``","``). The n-grams cross sentence boundaries inside a document.
+Wikipedia's ``","``). The n-grams cross sentence boundaries inside a document. An n-gram shared
+by more than ``BOILERPLATE`` corpus documents is template text and does not count.
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class Protected:
 def sharing(documents: list[Document], protected: Protected) -> tuple[list[bool], int]:
     """Which documents share text with the protected texts, and how many shared n-grams were let
     through as boilerplate: an n-gram found in more than ``BOILERPLATE`` documents is template
-    text (Wikipedia's census sentences, "had children under the age of 18 living with them"),
+    text (Wikipedia's census sentences: "someone living alone who was 65 years of age or older"),
     not a copy of one protected example."""
     hits = [protected.hits(d) for d in documents]
     frequency = collections.Counter(h for found in hits for h in found.tolist())

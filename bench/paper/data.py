@@ -122,9 +122,12 @@ def fetch(pin: Pin, downloads: pathlib.Path, offline: bool) -> pathlib.Path:
             command = _download_command(pin, staging)
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             got = pathlib.Path(staging) / pin.filename
-            if result.returncode or not got.exists():
-                why = (result.stderr.strip().splitlines() or ["no such file"])[-1]
+            if result.returncode:
+                why = (result.stderr.strip().splitlines() or ["no message"])[-1]
                 raise PinError(f"{pin.name} {pin.version}: {' '.join(command[-4:])}: {why}")
+            if not got.exists():
+                names = sorted(p.name for p in pathlib.Path(staging).iterdir())
+                raise PinError(f"{pin.name} {pin.version}: expected {pin.filename}, got {names}")
             os.replace(got, path)
     digest = sha256_of(path)
     if digest != pin.sha256:
@@ -173,10 +176,11 @@ def main() -> None:
     except PinError as e:
         raise SystemExit(f"bench/paper/data.py: {e}") from None
     unpacked = {k: unpack(PINS[k], a, cache / "unpacked") for k, a in archives.items()}
-    manifest = build.build(unpacked, pathlib.Path(args.out_dir).expanduser(), args.shards)
+    out = pathlib.Path(args.out_dir).expanduser()
+    manifest = build.build(unpacked, out, args.shards)
     manifest["pins"] = {k: dataclasses.asdict(p) for k, p in PINS.items()}
     manifest["seconds"] = round(time.time() - start, 1)
-    atomic.write_text(os.path.join(args.out_dir, "manifest.json"), json.dumps(manifest, indent=1))
+    atomic.write_text(str(out / "manifest.json"), json.dumps(manifest, indent=1))
     print(json.dumps({k: manifest[k] for k in ("corpus_totals", "overlap", "seconds")}, indent=1))
 
 

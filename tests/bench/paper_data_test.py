@@ -62,12 +62,12 @@ def test_vitaminc_labels_reach_the_mnli_reader_and_contrastive_pairs_share_a_spl
         ("Westlife: " + sold.format(9), over, "contradiction"),
         ("Apollo: The mission launched in 1969 in July .", "It flew in 1970 .", "neutral"),
     }
-    # 40 contrastive pairs (one claim, two revisions of its evidence): a split by example would
+    # 40 claims, each checked against evidence on two pages: a split by page or by example would
     # separate some pair with probability 1 - 0.66**40.
     many = [
-        _vitaminc(f"Page{i}", f"Revision {r} of fact {i} .", f"Claim {i} .", "True")
+        _vitaminc(f"Page{i}{side}", f"Revision {side} of fact {i} .", f"Claim {i} .", "True")
         for i in range(40)
-        for r in range(2)
+        for side in "AB"
     ]
     split_of_claim = {}
     for split, found in tasks.vitaminc_pairs(many).items():
