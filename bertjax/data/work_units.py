@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import gzip
 import os
+import secrets
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -157,15 +158,20 @@ def document_start_at(f, position: int) -> int:
 class _Splitter:
     """Copies a ``.gz`` input's decompressed lines into one plain piece per range under
     ``directory`` (local or ``gs://``), so that a unit reads its own bytes, never decompressing
-    its file from the start (that would make a file of N units cost N^2/2 units of inflating)."""
+    its file from the start (that would make a file of N units cost N^2/2 units of inflating).
+    A piece's name holds this cut's own random id: a span cut twice (a retried or duplicated
+    attempt) writes other names, and a unit reads only the pieces its committed cut named."""
 
     def __init__(self, directory: str | None, span: int):
         self.directory, self.span, self.count, self.file, self.buffer = directory, span, 0, None, []
+        self.attempt = secrets.token_hex(6)
+
+    def _name(self, count: int) -> str:
+        return f"{self.directory}/text-{self.span:06d}-{count:06d}-{self.attempt}"
 
     def start(self, path: str) -> None:
         if self.directory and path.endswith(".gz"):
-            name = f"{self.directory}/text-{self.span:06d}-{self.count:06d}"
-            self.file = sources.open_file(name, "wb")
+            self.file = sources.open_file(self._name(self.count), "wb")
             self.count += 1
 
     def write(self, line: bytes) -> None:
@@ -182,7 +188,7 @@ class _Splitter:
         self.file.write(b"".join(self.buffer))
         self.file.close()
         self.file, self.buffer = None, []
-        return f"{self.directory}/text-{self.span:06d}-{self.count - 1:06d}"
+        return self._name(self.count - 1)
 
 
 def cut_span(span: Span, unit_bytes: int, split_dir: str | None = None) -> list[WorkUnit]:
@@ -253,25 +259,30 @@ def unit_lines(unit: WorkUnit, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
         try:
             if piece is not None:  # the range's split copy: exactly its bytes
                 with sources.open_file(piece) as f:
-                    yield from _range_lines(f, path, start, stop - start, chunk_bytes)
+                    yield from _range_lines(f, path, start, stop - start, chunk_bytes, piece)
             else:
                 with _open_text(path) as f:
                     f.seek(start)
-                    yield from _range_lines(f, path, start, stop - start, chunk_bytes)
+                    yield from _range_lines(f, path, start, stop - start, chunk_bytes, path)
         except (OSError, EOFError, zlib.error) as e:  # zlib.error: corrupt gzip data
             raise DataError(f"{path}: cannot read ({e})") from None
         yield b""
 
 
-def _range_lines(f, path: str, start: int, size: int, chunk_bytes: int) -> Iterator[bytes]:
-    """The lines of the next ``size`` bytes of ``f`` (byte ``start`` of ``path``), as
-    ``text.split(b"\n")`` gives them, ``\r`` stripped. A chunk is checked up to its last line
-    end, which never falls inside a UTF-8 character."""
+def _range_lines(
+    f, path: str, start: int, size: int, chunk_bytes: int, source: str
+) -> Iterator[bytes]:
+    """The lines of the next ``size`` bytes of ``f`` (byte ``start`` of ``path``, read from
+    ``source``: ``path`` or its piece), as ``text.split(b"\\n")`` gives them, ``\\r`` stripped.
+    A chunk is checked up to its last line end, which never falls inside a UTF-8 character.
+    DataError naming ``source`` if it ends early (a lost or partial piece, a file cut short)."""
     carry, done = b"", 0
     while done < size:
         chunk = f.read(min(chunk_bytes, size - done))
         if not chunk:
-            break
+            raise DataError(
+                f"{source}: ends after {done} of the {size} bytes of {path} from byte {start}"
+            )
         text, done = carry + chunk, done + len(chunk)
         cut = text.rfind(b"\n")
         if cut < 0:

@@ -2,6 +2,7 @@
 units that hold exactly the corpus's documents (``instances.read_text_documents``, the reference
 reader), each at least 2, whoever cuts which span; a ``.gz`` file's units read their pieces."""
 
+import dataclasses
 import gzip
 import itertools
 import pathlib
@@ -71,6 +72,12 @@ def test_document_start_at_is_the_next_non_blank_line_after_a_blank_one(tmp_path
             assert work_units.document_start_at(f, position) == (0 if position == 0 else want)
 
 
+def _with_contents(units):
+    """Units with each piece's bytes in place of its name (a cut's own)."""
+    read = lambda piece: piece and pathlib.Path(piece).read_bytes()  # noqa: E731
+    return [dataclasses.replace(u, pieces=tuple(map(read, u.pieces))) for u in units]
+
+
 @pytest.mark.parametrize("unit_bytes", [1, 5000, 10**9])
 @pytest.mark.parametrize("split", [False, True], ids=["read-gz", "split-gz"])
 def test_units_hold_exactly_the_corpus_documents(corpus, tmp_path, unit_bytes, split):
@@ -80,7 +87,8 @@ def test_units_hold_exactly_the_corpus_documents(corpus, tmp_path, unit_bytes, s
     spans = work_units.spans(files, unit_bytes)
     cut = [work_units.cut_span(s, unit_bytes, str(tmp_path) if split else None) for s in spans]
     units = work_units.stitch(cut)  # each span cut on its own: in any order, in any process
-    assert units == work_units.work_units(files, unit_bytes, str(tmp_path) if split else None)
+    again = work_units.work_units(files, unit_bytes, str(tmp_path) if split else None)
+    assert _with_contents(units) == _with_contents(again)  # pieces: other names, same bytes
     assert [u.index for u in units] == list(range(len(units)))
     if unit_bytes < CHUNK:  # c.txt in spans: one lies inside the long document, so it is empty
         assert any(not span_units for span_units in cut)
@@ -109,3 +117,25 @@ def test_units_hold_exactly_the_corpus_documents(corpus, tmp_path, unit_bytes, s
         assert len(units) > 20
     if unit_bytes == 10**9:
         assert len(units) == 1
+
+
+def test_a_span_cut_twice_names_other_pieces_and_a_short_piece_is_one_line(corpus, tmp_path):
+    """A retried or duplicated cut writes pieces of its own (a unit reads those its committed
+    cut named); a piece that lost bytes is an error naming it, never fewer documents."""
+    files, gz_text = corpus
+    (span,) = [s for s in work_units.spans(files, 5000) if s.ranges[0][0] == files[0]]
+    first, second = (work_units.cut_span(span, 5000, str(tmp_path)) for _ in range(2))
+    pieces = [[p for u in units for p in u.pieces if p] for units in (first, second)]
+    assert len(pieces[0]) > 1 and not set(pieces[0]) & set(pieces[1])
+    for a, b in zip(*pieces, strict=True):
+        assert pathlib.Path(a).read_bytes() == pathlib.Path(b).read_bytes()
+    unit = next(u for u in first if u.pieces[0] is not None)
+    (path, start, stop), piece = unit.ranges[0], unit.pieces[0]
+    with open(piece, "r+b") as f:
+        f.truncate(stop - start - 7)
+    with pytest.raises(instances.DataError) as error:
+        list(work_units.unit_lines(unit, chunk_bytes=1000))
+    assert str(error.value) == (
+        f"{piece}: ends after {stop - start - 7} of the {stop - start} bytes of {path} "
+        f"from byte {start}"
+    )
