@@ -29,6 +29,7 @@ import os
 import secrets
 import shutil
 import struct
+import sys
 import tempfile
 
 from bertjax import atomic
@@ -172,8 +173,6 @@ def append(piece: Piece, output) -> None:
 
 
 def _not_found() -> type[Exception]:
-    import sys
-
     tf = sys.modules.get("tensorflow")  # only a gs:// piece (TensorFlow imported) raises this
     return tf.errors.NotFoundError if tf is not None else FileNotFoundError
 
