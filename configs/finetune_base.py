@@ -1,32 +1,47 @@
 """Every fine-tuning configuration key, with its default (the paper's §4 hyper-parameters).
 
-The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py, finetune_swag.py) call
-``get_config(**overrides)`` with only what differs. The architecture comes from the checkpoint.
+The same sections and names as pretraining's (configs/base.py) for the same things: ``model``,
+``data``, ``train``, ``optimizer``, ``checkpoint``, ``mesh``; what only a fine-tuning task has
+is in ``task``; the paper's selection grid in ``sweep``. The architecture comes from the
+checkpoint. The task configs (finetune_glue.py, finetune_squad.py, finetune_ner.py,
+finetune_swag.py) call ``get_config`` and change only what differs. A key of the old flat
+schema (``--config.batch_size``) is one line naming its new key (bertjax.finetune.schema).
 
-    python -m bertjax.finetune --config=configs/finetune_glue.py --config.task=mrpc \
-        --config.data_dir=DIR --config.init_checkpoint=CKPT --workdir=OUT
+    python -m bertjax.finetune --config=configs/finetune_glue.py --config.task.name=mrpc \
+        --config.task.data_dir=DIR --config.init_checkpoint=CKPT --workdir=OUT
 """
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 from bertjax.training import sharding
 
 
-def get_config(**overrides) -> ml_collections.ConfigDict:
-    """The defaults below, then the top-level ``overrides`` (a task config's differences)."""
+def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.task = ""  # glue: cola sst2 mrpc stsb qqp mnli qnli rte wnli; squad_v1 squad_v2; ...
     config.mode = "train"  # train | predict | sweep
-    config.data_dir = ""  # the task's standard files (see each task module's docstring)
-    # files: the standard files in data_dir | tfds: a locally prepared TFDS glue/<task> (GLUE only)
-    config.data_source = "files"
-    config.tfds_data_dir = ""  # data_source='tfds': its data_dir ('' = TFDS's default)
     config.init_checkpoint = ""  # bertjax params-only dir, HuggingFace dir or TF1 checkpoint
-    config.do_lower_case = "auto"  # auto (from the checkpoint) | true | false
-    config.predict_checkpoint = ""  # predict mode: fine-tuned checkpoint ('' = WORKDIR/checkpoint)
     config.seed = 0  # head init, shuffling and dropout
 
-    # Only these BertConfig fields may differ from the checkpoint's.
+    # ---- task (owner: bertjax.finetune.tasks and the task modules) ----
+    config.task = ml_collections.ConfigDict()
+    # glue: cola sst2 mrpc stsb qqp mnli qnli rte wnli; squad_v1 squad_v2; conll2003; swag
+    config.task.name = ""
+    config.task.data_dir = ""  # the task's standard files (see each task module's docstring)
+    # files: the standard files in data_dir | tfds: a locally prepared TFDS glue/<task> (GLUE only)
+    config.task.source = "files"
+    config.task.tfds_data_dir = ""  # source='tfds': its data_dir ('' = TFDS's default)
+    config.task.predict_checkpoint = ""  # predict mode: fine-tuned checkpoint ('' = WORKDIR/...)
+    # SQuAD (run_squad.py's flags).
+    config.task.doc_stride = 128
+    config.task.max_query_length = 64
+    config.task.n_best_size = 20
+    config.task.max_answer_length = 30
+    # v2.0: predict "" when null score - best span score > this (dev also writes
+    # predictions_best_thresh.json at evaluate-v2.0.py's best_f1_thresh; see finetune/squad.py)
+    config.task.null_score_diff_threshold = 0.0
+
+    # ---- model: only these BertConfig fields may differ from the checkpoint's ----
     config.model = ml_collections.ConfigDict()
     config.model.hidden_size = 0  # 0: any; otherwise must equal the checkpoint's (a sanity check)
     config.model.hidden_dropout_rate = 0.1
@@ -37,24 +52,41 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.model.attention_impl = "auto"  # auto | xla | fused (see configs/base.py)
     config.model.attention_check = True  # the fused kernel's self-check (see configs/base.py)
 
-    config.max_seq_length = 128
-    config.batch_size = 32  # global train batch in examples (paper: 32)
-    config.eval_batch_size = 64
+    # ---- data ----
+    config.data = ml_collections.ConfigDict()
+    config.data.max_seq_length = 128
+    # None: the checkpoint's casing (its record, or what its vocab implies); true | false to force
+    config.data.do_lower_case = FieldReference(None, field_type=bool)
     # Sequence packing (bertjax/finetune/packed.py): GLUE and NER put up to max_sequences_per_pack
     # examples in a row, each attending only to itself; batch sizes still count examples.
-    config.pack_sequences = False
-    config.max_sequences_per_pack = 8
-    config.num_train_epochs = 3.0
-    config.learning_rate = 2e-5  # paper: best of {5e-5, 4e-5, 3e-5, 2e-5} on dev (see sweep)
-    config.warmup_proportion = 0.1  # linear warmup over this fraction of the steps
-    config.log_every_steps = 50
+    config.data.pack_sequences = False
+    config.data.max_sequences_per_pack = 8
+
+    # ---- train ----
+    config.train = ml_collections.ConfigDict()
+    config.train.global_batch_size = 32  # examples per update, over all hosts (paper: 32)
+    config.train.eval_batch_size = 64
+    config.train.num_epochs = 3.0
+    config.train.log_every = 50
     # Split each update into this many micro-batches whose gradients are summed (the same update
     # as the whole batch, less activation memory).
-    config.grad_accum_steps = 1
+    config.train.grad_accum_steps = 1
     # On a non-finite loss or gradient: False = stop with an error naming the step; True = skip
     # the update (params and optimizer state unchanged) and count it.
-    config.skip_nonfinite = False
-    config.peak_flops = 0.0  # one device's peak FLOP/s for MFU; 0 = the accelerator table's
+    config.train.skip_nonfinite = False
+    config.train.peak_flops = 0.0  # one device's peak FLOP/s for MFU; 0 = the accelerator table's
+
+    # ---- optimizer (bertjax.training.optimizer; warmup_steps comes from warmup_proportion) ----
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "bert_adamw"  # the original AdamWeightDecayOptimizer
+    config.optimizer.learning_rate = 2e-5  # paper: best of {5e-5, 4e-5, 3e-5, 2e-5} on dev (sweep)
+    config.optimizer.warmup_proportion = 0.1  # linear warmup over this fraction of the steps
+    config.optimizer.schedule = "linear"
+    config.optimizer.beta1 = 0.9
+    config.optimizer.beta2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.weight_decay = 0.01
+    config.optimizer.max_grad_norm = 1.0
 
     # The train state is saved into the workdir as pretraining's is (bertjax.training.checkpoint):
     # rerunning the command resumes from the newest verified step; SIGTERM saves and exits 0.
@@ -67,38 +99,14 @@ def get_config(**overrides) -> ml_collections.ConfigDict:
     config.checkpoint.lease_ttl_seconds = 120.0
     config.checkpoint.lease_renew_seconds = 30.0
 
-    # bertjax.training.optimizer keys; learning_rate and warmup_steps are set from the keys above.
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "bert_adamw"  # the original AdamWeightDecayOptimizer
-    config.optimizer.learning_rate = 0.0
-    config.optimizer.warmup_steps = 0
-    config.optimizer.schedule = "linear"
-    config.optimizer.beta1 = 0.9
-    config.optimizer.beta2 = 0.999
-    config.optimizer.eps = 1e-6
-    config.optimizer.weight_decay = 0.01
-    config.optimizer.max_grad_norm = 1.0
-
+    # The paper's selection: every learning rate x num_restarts seeds, the best on dev kept.
     config.sweep = ml_collections.ConfigDict()
     config.sweep.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
     config.sweep.num_restarts = 1  # the paper restarted BERT-LARGE on small sets; raise for that
-
-    # SQuAD (run_squad.py's flags).
-    config.doc_stride = 128
-    config.max_query_length = 64
-    config.n_best_size = 20
-    config.max_answer_length = 30
-    # v2.0: predict "" when null score - best span score > this (dev also writes
-    # predictions_best_thresh.json at evaluate-v2.0.py's best_f1_thresh; see finetune/squad.py)
-    config.null_score_diff_threshold = 0.0
 
     # The device mesh, as in pretraining (configs/base.py): ('data', 'fsdp', 'tensor') sizes, one
     # -1 takes the remaining devices; logical axis -> mesh axes rules (bertjax.training.sharding).
     config.mesh = ml_collections.ConfigDict()
     config.mesh.shape = (-1, 1, 1)
     config.mesh.rules = sharding.DEFAULT_RULES
-    unknown = sorted(set(overrides) - set(config.keys()))
-    if unknown:
-        raise KeyError(f"configs/finetune_base.py: unknown keys {unknown}")
-    config.update(overrides)
-    return config
+    return config.lock()

@@ -1,7 +1,7 @@
 """GLUE fine-tuning (paper §4.1): batch 32, 3 epochs, lr from {5e-5, 4e-5, 3e-5, 2e-5}.
 
-    python -m bertjax.finetune --config=configs/finetune_glue.py --config.task=mrpc \
-        --config.data_dir=glue/MRPC --config.init_checkpoint=CKPT --workdir=/tmp/mrpc
+    python -m bertjax.finetune --config=configs/finetune_glue.py --config.task.name=mrpc \
+        --config.task.data_dir=glue/MRPC --config.init_checkpoint=CKPT --workdir=/tmp/mrpc
 """
 
 import pathlib
@@ -13,4 +13,6 @@ import finetune_base  # noqa: E402
 
 
 def get_config():
-    return finetune_base.get_config(task="mrpc")
+    config = finetune_base.get_config()
+    config.task.name = "mrpc"
+    return config

@@ -1,6 +1,6 @@
 """CoNLL-2003 NER fine-tuning (paper §5.3): cased vocabulary, label on the first WordPiece.
 
-    python -m bertjax.finetune --config=configs/finetune_ner.py --config.data_dir=CONLL \
+    python -m bertjax.finetune --config=configs/finetune_ner.py --config.task.data_dir=CONLL \
         --config.init_checkpoint=CASED_CKPT --workdir=/tmp/ner
 """
 
@@ -14,4 +14,8 @@ import finetune_base  # noqa: E402
 
 def get_config():
     # The paper uses a cased model for NER.
-    return finetune_base.get_config(task="conll2003", do_lower_case="false", learning_rate=5e-5)
+    config = finetune_base.get_config()
+    config.task.name = "conll2003"
+    config.data.do_lower_case = False
+    config.optimizer.learning_rate = 5e-5
+    return config

@@ -1,6 +1,6 @@
 """SWAG fine-tuning (paper §4.4): 3 epochs, learning rate 2e-5, batch 16, 4 choices.
 
-    python -m bertjax.finetune --config=configs/finetune_swag.py --config.data_dir=SWAG \
+    python -m bertjax.finetune --config=configs/finetune_swag.py --config.task.data_dir=SWAG \
         --config.init_checkpoint=CKPT --workdir=/tmp/swag
 """
 
@@ -13,6 +13,9 @@ import finetune_base  # noqa: E402
 
 
 def get_config():
-    return finetune_base.get_config(
-        task="swag", learning_rate=2e-5, batch_size=16, eval_batch_size=16
-    )
+    config = finetune_base.get_config()
+    config.task.name = "swag"
+    config.optimizer.learning_rate = 2e-5
+    config.train.global_batch_size = 16
+    config.train.eval_batch_size = 16
+    return config

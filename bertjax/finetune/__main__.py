@@ -10,6 +10,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax.finetune import schema
 
 MODES = ("train", "predict", "sweep")
 
@@ -39,7 +40,7 @@ def _run(flag_values: flags.FlagValues) -> None:
 
 def main() -> None:  # also the console script bertjax-finetune
     # FinetuneInputError, CheckpointError and ConvertError are ValueErrors.
-    cli.run(_run, _define_flags, prog="finetune")
+    cli.run(_run, _define_flags, prog="finetune", renamed=schema)
 
 
 if __name__ == "__main__":

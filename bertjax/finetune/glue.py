@@ -1,12 +1,12 @@
 """GLUE (paper §4.1): the nine tasks' standard TSV files, features, metrics and submission files.
 
-``config.data_dir`` holds one task's files as distributed by GLUE (``train.tsv``, ``dev.tsv``,
+``config.task.data_dir`` holds one task's files as distributed by GLUE (``train.tsv``, ``dev.tsv``,
 ``test.tsv``; MNLI: ``dev_matched.tsv``, ``dev_mismatched.tsv``, ``test_matched.tsv``,
 ``test_mismatched.tsv``). Columns are read as the original ``run_classifier.py`` processors read
 them; every row must have as many columns as the header (CoLA's train/dev files have no header
 and 4 columns). QQP rows with missing columns are skipped and counted, as the reference scripts
 do. Test predictions are written in the GLUE submission format (``index<TAB>prediction``, file
-names ``CoLA.tsv``, ``MNLI-m.tsv``, ...). With ``config.data_source='tfds'`` the same examples
+names ``CoLA.tsv``, ``MNLI-m.tsv``, ...). With ``config.task.source='tfds'`` the same examples
 come from a locally prepared TFDS ``glue/<task>`` dataset instead (``glue_tfds``).
 """
 
@@ -176,7 +176,7 @@ class GlueTask(Task):
         return Example(guid, row[spec.text_a], text_b, label, where)
 
     def featurize(self, examples: list[Example], tokenizer, config) -> Features:
-        max_len = config.max_seq_length
+        max_len = config.data.max_seq_length
         tokens_a = tokenizer.encode([e.text_a for e in examples])
         paired = self.spec.text_b is not None
         tokens_b = (

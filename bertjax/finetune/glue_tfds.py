@@ -1,7 +1,7 @@
-"""GLUE read from a locally prepared TFDS ``glue/<task>`` dataset (``config.data_source='tfds'``).
+"""GLUE read from a locally prepared TFDS ``glue/<task>`` dataset (``config.task.source='tfds'``).
 
 bertjax never downloads: prepare the dataset first (``tfds build glue/mrpc --data_dir=DIR``, or
-copy a prepared ``DIR/glue/<task>/<version>``) and pass ``config.tfds_data_dir=DIR``. Feature
+copy a prepared ``DIR/glue/<task>/<version>``) and pass ``config.task.tfds_data_dir=DIR``. Feature
 names and label conventions are those of ``tensorflow_datasets/text/glue.py``:
 
 * text features per task in ``FEATURES`` (e.g. MNLI ``premise``/``hypothesis``, QNLI
@@ -66,7 +66,7 @@ def _builder(task: str, data_dir: str):
     builder = tfds.builder(f"glue/{task}", data_dir=data_dir or None)
     if not builder.is_prepared():
         raise FinetuneInputError(
-            f"config.tfds_data_dir={data_dir!r}: glue/{task} is not prepared there (expected "
+            f"config.task.tfds_data_dir={data_dir!r}: glue/{task} is not prepared there (expected "
             f"{builder.data_dir}); run `tfds build glue/{task} --data_dir=DIR` where GLUE can "
             f"be downloaded (bertjax never downloads)"
         )

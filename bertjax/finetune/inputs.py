@@ -5,7 +5,7 @@ task and its tokenizer; on a resume (the workdir holds the run's record, format 
 ``bertjax.training.init_record``) the model, vocab and casing come from the record instead, and
 the checkpoint is read (:class:`Pretrained`) only when no step restores, from
 ``config.init_checkpoint`` or else the recorded source, and only if it holds the recorded params
-(the record wins over a ``config.init_checkpoint`` or ``config.do_lower_case`` that differs).
+(the record wins over a ``config.init_checkpoint`` or ``config.data.do_lower_case`` that differs).
 ``Data`` reads and featurizes each split once; ``init_params`` adds fresh heads to the
 pretrained subtrees; ``train_batches`` deals shuffled full batches, epoch by epoch (of features,
 or of packed rows: ``bertjax.finetune.packed``).
@@ -80,7 +80,7 @@ def load_checkpoint(config, workdir: str | None = None):
         return _from_record(config, record, init, workdir)
     if not config.init_checkpoint:
         raise FinetuneInputError("config.init_checkpoint: expected a bertjax, HF or TF1 checkpoint")
-    lower = None if config.do_lower_case == "auto" else config.do_lower_case == "true"
+    lower = config.data.do_lower_case  # None: the checkpoint's
     fmt = formats.detect_format(config.init_checkpoint)
     conv = formats.load(config.init_checkpoint, fmt, do_lower_case=lower)
     _check_hidden_size(config, conv.config, config.init_checkpoint)
@@ -214,10 +214,10 @@ class Data:
     def __init__(self, task, config, tokenizer, splits):
         self.examples, self.features = {}, {}
         for split in splits:
-            examples = task.read(config.data_dir, split)
+            examples = task.read(config.task.data_dir, split)
             if not examples:  # caught here, before a model is built or the workdir written
                 raise FinetuneInputError(
-                    f"{task.split_path(config.data_dir, split)}: no examples in the "
+                    f"{task.split_path(config.task.data_dir, split)}: no examples in the "
                     f"{split} split (an empty file, or only a header?)"
                 )
             self.examples[split] = examples
@@ -254,4 +254,4 @@ def prepare(config, checkpoint_path: str | None = None, workdir: str | None = No
 
 
 def existing_splits(task, config, splits) -> list[str]:
-    return [s for s in splits if task.has_split(config.data_dir, s)]
+    return [s for s in splits if task.has_split(config.task.data_dir, s)]

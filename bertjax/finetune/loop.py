@@ -24,8 +24,8 @@
   checkpoint unless no step restores (``inputs.load_checkpoint``,
   ``bertjax.training.init_record``): it may have moved or gone.
 
-* ``predict``: load ``workdir/checkpoint`` (or ``config.predict_checkpoint``) and write
-  predictions for the task's test splits found in ``config.data_dir`` (no labels needed).
+* ``predict``: load ``workdir/checkpoint`` (or ``config.task.predict_checkpoint``) and write
+  predictions for the task's test splits found in ``config.task.data_dir`` (no labels needed).
 * ``sweep``: the paper's selection: every learning rate in ``config.sweep.learning_rates`` times
   ``config.sweep.num_restarts`` seeds (different shuffling and head init, same checkpoint); the
   run with the best dev ``task.primary_metric`` is kept as ``workdir/checkpoint`` and the table is
@@ -35,7 +35,7 @@ The task's objective (head, loss, predictions) is ``bertjax.finetune.objective``
 feeds it is ``bertjax.finetune.inputs``.
 
 Progress is pretraining's line (``bertjax.training.metrics.format_train_line``): after the first
-step (its time includes compiling), then every ``config.log_every_steps`` steps, with the loss,
+step (its time includes compiling), then every ``config.train.log_every`` steps, with the loss,
 learning rate, gradient norm, examples/s, real tokens/s, examples and real tokens per step (packed
 rows count their examples), model GFLOP/s per device, the input wait, the host's examples per
 second per core and an ETA; one line per evaluated split with its metrics.
@@ -76,11 +76,11 @@ def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int
     return {
         "task": task.name,
         "init_checkpoint": init_checkpoint,
-        "data_dir": config.data_dir,
+        "data_dir": config.task.data_dir,
         "learning_rate": float(learning_rate),
         "seed": int(seed),
-        "batch_size": int(config.batch_size),
-        "max_seq_length": int(config.max_seq_length),
+        "batch_size": int(config.train.global_batch_size),
+        "max_seq_length": int(config.data.max_seq_length),
         "num_steps": int(num_steps),
         # Only when packed: the workdirs of unpacked runs resume as before.
         **({"max_sequences_per_pack": _pack_width(config)} if _pack_width(config) else {}),
@@ -89,7 +89,7 @@ def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int
 
 def _pack_width(config) -> int:
     """K of packed rows (``bertjax.finetune.packed``), or 0 unpacked."""
-    return int(config.max_sequences_per_pack) if config.get("pack_sequences", False) else 0
+    return int(config.data.max_sequences_per_pack) if config.data.pack_sequences else 0
 
 
 def _packed_batches(config, mesh, train: packed.Packed):
@@ -98,14 +98,15 @@ def _packed_batches(config, mesh, train: packed.Packed):
     multiple = packed.multiple_of(sh.num_batch_shards(mesh), jax.process_count())
     resolved = config.copy_and_resolve_references()
     per_row = train.examples_per_row
-    for field in ("batch_size", "eval_batch_size"):
-        resolved[field] = packed.rows_per_batch(int(config[field]), per_row, multiple)
+    for field in ("global_batch_size", "eval_batch_size"):
+        resolved.train[field] = packed.rows_per_batch(int(config.train[field]), per_row, multiple)
     if jax.process_index() == 0:
         print(
             f"packing: {per_row:.3f} examples per row on average ({train.num_features} in "
-            f"{len(train.rows)} rows): batch_size={config.batch_size} examples -> "
-            f"{resolved.batch_size} rows per step, eval_batch_size={config.eval_batch_size} -> "
-            f"{resolved.eval_batch_size} rows",
+            f"{len(train.rows)} rows): train.global_batch_size={config.train.global_batch_size} "
+            f"examples -> {resolved.train.global_batch_size} rows per step, "
+            f"train.eval_batch_size={config.train.eval_batch_size} -> "
+            f"{resolved.train.eval_batch_size} rows",
             flush=True,
         )
     return resolved
@@ -126,11 +127,11 @@ def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
 
 def _check_batches(config, mesh) -> None:
     shards = sh.num_batch_shards(mesh)
-    for name in ("batch_size", "eval_batch_size"):
-        if config[name] % shards or config[name] % jax.process_count():
+    for name in ("global_batch_size", "eval_batch_size"):
+        if config.train[name] % shards or config.train[name] % jax.process_count():
             raise FinetuneInputError(
-                f"config.{name}={config[name]} is not divisible by {shards} data shards "
-                f"(config.mesh.shape={tuple(mesh.shape.values())}) and "
+                f"config.train.{name}={config.train[name]} is not divisible by {shards} data "
+                f"shards (config.mesh.shape={tuple(mesh.shape.values())}) and "
                 f"{jax.process_count()} processes"
             )
 
@@ -155,30 +156,30 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
 
     Steps = features / batch_size * epochs (for SQuAD a feature is a doc-stride window), warmup
     over ``warmup_proportion`` of them, as the original run_classifier.py / run_squad.py. With
-    ``config.pack_sequences`` the features are packed rows (``bertjax.finetune.packed``) and
+    ``config.data.pack_sequences`` the features are packed rows (``bertjax.finetune.packed``) and
     ``config``'s batch sizes count rows (``_packed_batches``).
     """
     mesh = sh.create_mesh(config.mesh.shape, devices)
     _check_batches(config, mesh)
-    num_steps = int(len(train_features) / config.batch_size * config.num_train_epochs)
+    num_steps = int(len(train_features) / config.train.global_batch_size * config.train.num_epochs)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.learning_rate = float(learning_rate)
-    opt_config.warmup_steps = int(num_steps * config.warmup_proportion)
+    opt_config.warmup_steps = int(num_steps * config.optimizer.warmup_proportion)
     example = train_features.arrays
     model = _checked(task, model, example, mesh, _pack_width(config))
     objective = objective_for(task, model, example, mesh, _pack_width(config))
     train_batch = {
-        k: jax.ShapeDtypeStruct((config.batch_size, *v.shape[1:]), v.dtype)
+        k: jax.ShapeDtypeStruct((config.train.global_batch_size, *v.shape[1:]), v.dtype)
         for k, v in example.items()
     }
     train_batch.setdefault(
-        "example_weights", jax.ShapeDtypeStruct((config.batch_size,), np.float32)
+        "example_weights", jax.ShapeDtypeStruct((config.train.global_batch_size,), np.float32)
     )
     trainer = compiled.build_trainer(
         objective,
         optimizer.create_optimizer(opt_config, num_steps),
         optimizer.learning_rate_schedule(opt_config, num_steps),
-        StepConfig(int(config.grad_accum_steps), bool(config.skip_nonfinite)),
+        StepConfig(int(config.train.grad_accum_steps), bool(config.train.skip_nonfinite)),
         mesh,
         config.mesh.rules,
         train_batch,
@@ -201,26 +202,26 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     tokens = int(np.prod(example["input_ids"].shape[1:]))
     choices = tokens // int(example["input_ids"].shape[-1])
     report = loop_lib.Report(
-        rows_per_step=int(config.batch_size),
+        rows_per_step=int(config.train.global_batch_size),
         tokens_per_row=tokens,
         flops_per_row=3.0 * choices * metrics.encoder_flops(bert_config, tokens // choices),
     )
     cadence = loop_lib.Cadence(
         num_steps=num_steps,
-        log_every=int(config.log_every_steps),
+        log_every=int(config.train.log_every),
         eval_every=0,
         save_every=int(config.checkpoint.every_steps),
-        skip_nonfinite=bool(config.skip_nonfinite),
+        skip_nonfinite=bool(config.train.skip_nonfinite),
     )
     last_loss = (started.meta or {}).get("train_loss", float("nan"))
     loop = loop_lib.Loop(
-        trainer, started, workdir, cadence, report, peak_flops=float(config.peak_flops),
+        trainer, started, workdir, cadence, report, peak_flops=float(config.train.peak_flops),
         meta=lambda step: {"step": step, "run": signature, "train_loss": loop.summary.get(
             "train", {}).get("loss", last_loss)},
     )  # fmt: skip
     start_step = int(started.state.step)
     batches = inputs.train_batches(
-        train_features, config.batch_size, num_steps, seed, start_batch=start_step
+        train_features, config.train.global_batch_size, num_steps, seed, start_batch=start_step
     )
     try:
         summary = loop.run(started.state, batches)
@@ -290,8 +291,9 @@ def staged_outputs(workdir: str):
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-    """Fine-tunes at ``config.learning_rate`` and writes everything listed in the module doc;
-    after SIGTERM/Ctrl-C it has saved its state and returns {"stopped": step} instead."""
+    """Fine-tunes at ``config.optimizer.learning_rate`` and writes everything listed in the
+    module doc; after SIGTERM/Ctrl-C it has saved its state and returns {"stopped": step}
+    instead."""
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(
         config, workdir=workdir
     )
@@ -305,7 +307,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     run_config, train_rows = pack_train(config, task, train_features)
     fitted = fit(
         run_config, task, model, params, train_rows, workdir=workdir,
-        learning_rate=config.learning_rate, seed=config.seed, bert_config=bert_config,
+        learning_rate=config.optimizer.learning_rate, seed=config.seed, bert_config=bert_config,
         vocab_file=vocab_file, lower=lower, init=init, from_record=pretrained.from_record,
     )  # fmt: skip
     if fitted.stopped:
@@ -336,7 +338,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def pack_train(config, task, train_features):
-    """(config, the features fit() trains on): unchanged, or with ``config.pack_sequences`` the
+    """(config, the features fit() trains on): unchanged, or with ``config.data.pack_sequences`` the
     split packed and the batch sizes in rows (``_packed_batches``)."""
     packed.check(config, task.head)
     if not _pack_width(config):
@@ -358,7 +360,7 @@ def predictor_for(run_config, task, model, example: dict, mesh) -> Predictor:
     """The Predictor of a run (``run_config``: its batch sizes in rows when packed)."""
     model = _checked(task, model, example, mesh, _pack_width(run_config))
     objective = objective_for(task, model, example, mesh, _pack_width(run_config))
-    return Predictor(objective, mesh, run_config.mesh.rules, run_config.eval_batch_size)
+    return Predictor(objective, mesh, run_config.mesh.rules, run_config.train.eval_batch_size)
 
 
 def _results(config, task, data, dev: dict, final_loss: float) -> dict:
@@ -369,9 +371,9 @@ def _results(config, task, data, dev: dict, final_loss: float) -> dict:
         "final_train_loss": final_loss,
         "skipped": {s: f.skipped for s, f in data.features.items() if f.skipped},
         "hparams": {
-            "learning_rate": config.learning_rate,
-            "batch_size": config.batch_size,
-            "num_train_epochs": config.num_train_epochs,
+            "learning_rate": config.optimizer.learning_rate,
+            "batch_size": config.train.global_batch_size,
+            "num_train_epochs": config.train.num_epochs,
             "seed": config.seed,
             "max_sequences_per_pack": _pack_width(config),  # 0: unpacked
         },
@@ -381,13 +383,15 @@ def _results(config, task, data, dev: dict, final_loss: float) -> dict:
 def predict(config, workdir: str) -> list[str]:
     """Runs the fine-tuned ``workdir/checkpoint`` on the test splits present in data_dir;
     -> the names of the files written into ``workdir/predictions``."""
-    path = config.predict_checkpoint or os.path.join(workdir, "checkpoint")
+    path = config.task.predict_checkpoint or os.path.join(workdir, "checkpoint")
     task, pretrained, bert_config, _, _, tokenizer = inputs.prepare(config, checkpoint_path=path)
     params = pretrained.params()
     splits = inputs.existing_splits(task, config, task.test_splits)
     if not splits:
-        names = [task.split_path(config.data_dir, s) for s in task.test_splits]
-        raise FinetuneInputError(f"config.data_dir={config.data_dir!r}: none of {names} exists")
+        names = [task.split_path(config.task.data_dir, s) for s in task.test_splits]
+        raise FinetuneInputError(
+            f"config.task.data_dir={config.task.data_dir!r}: none of {names} exists"
+        )
     data = inputs.Data(task, config, tokenizer, splits)
     model = build_model(task, bert_config)
     example = data.features[splits[0]].arrays

@@ -1,6 +1,6 @@
 """CoNLL-2003 NER (paper §5.3): column files, a label on each first WordPiece, conlleval.
 
-Files in ``config.data_dir``: ``train.txt``, ``dev.txt`` (or ``valid.txt`` / ``eng.testa``),
+Files in ``config.task.data_dir``: ``train.txt``, ``dev.txt`` (or ``valid.txt`` / ``eng.testa``),
 ``test.txt`` (or ``eng.testb``); one token per line with the word first and the NER tag last
 (``EU NNP B-NP B-ORG``), blank lines between sentences, ``-DOCSTART-`` lines ignored. Tags may be
 IOB1 (the original release) or IOB2; scoring is conlleval's, which handles both.
@@ -91,7 +91,7 @@ class NerTask(Task):
         return sentences
 
     def featurize(self, sentences: list[Sentence], tokenizer, config) -> Features:
-        max_pieces = config.max_seq_length - 2
+        max_pieces = config.data.max_seq_length - 2
         rows, meta, skipped = [], [], {}
         for sentence in sentences:
             pieces = tokenizer.encode(sentence.words)
@@ -108,9 +108,11 @@ class NerTask(Task):
                     continue
                 first_piece.append(len(ids) + 1)  # +1: [CLS]
                 ids += word_pieces
-            input_ids, segment_ids, input_mask = pack(tokenizer, ids, None, config.max_seq_length)
-            label_ids = np.zeros(config.max_seq_length, np.int32)
-            weights = np.zeros(config.max_seq_length, np.float32)
+            input_ids, segment_ids, input_mask = pack(
+                tokenizer, ids, None, config.data.max_seq_length
+            )
+            label_ids = np.zeros(config.data.max_seq_length, np.int32)
+            weights = np.zeros(config.data.max_seq_length, np.float32)
             for position, label in zip(first_piece, sentence.labels, strict=True):
                 if position >= 0:
                     label_ids[position] = self.label_list.index(label)

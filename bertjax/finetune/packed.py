@@ -1,8 +1,8 @@
 """Packed fine-tuning features: whole examples side by side in rows, no compute on padding.
 
-With ``config.pack_sequences`` the sentence(-pair) tasks, GLUE classification and regression
-and CoNLL NER tagging, put up to ``K = config.max_sequences_per_pack`` features in one row of
-``L = config.max_seq_length`` tokens: best-fit decreasing (``bertjax.data.packing.pack``) over
+With ``config.data.pack_sequences`` the sentence(-pair) tasks, GLUE classification and regression
+and CoNLL NER tagging, put up to ``K = config.data.max_sequences_per_pack`` features in one row of
+``L = config.data.max_seq_length`` tokens: best-fit decreasing (``bertjax.data.packing.pack``) over
 the whole split, once. Each feature keeps its own [CLS], its own positions from 0, and attends
 only to itself (the packed-row layout of pretraining, ``bertjax.data.pipeline``'s "The packed
 row", without cross-contamination), so the model gives every feature what it gives the feature
@@ -26,11 +26,12 @@ four-choice rows are mostly full already.
 (``[N, num_labels]``, or ``[N, L, num_labels]`` with zeros on padding), which the tasks' metrics
 and prediction writers read unchanged.
 
-**Batches count examples.** ``config.batch_size`` and ``config.eval_batch_size`` stay examples
-(the paper's 32): ``rows_per_batch`` turns them into the rows that hold that many on average,
-rounded to a multiple of the data shards and processes. Each epoch shuffles the rows (they are
-packed once), so the steps per epoch are ``rows / rows per step``, the same number of examples as
-unpacked; the loss is the mean over the step's examples, as unpacked.
+**Batches count examples.** ``config.train.global_batch_size`` and
+``config.train.eval_batch_size`` stay examples (the paper's 32): ``rows_per_batch`` turns them
+into the rows that hold that many on average, rounded to a multiple of the data shards and
+processes. Each epoch shuffles the rows (they are packed once), so the steps per epoch are
+``rows / rows per step``, the same number of examples as unpacked; the loss is the mean over the
+step's examples, as unpacked.
 """
 
 from __future__ import annotations
@@ -61,17 +62,18 @@ class Packed:
 def check(config, head: str) -> None:
     """FinetuneInputError naming the field when packing is asked of a head that stays unpacked
     or with a K below 1."""
-    if not config.get("pack_sequences", False):
+    if not config.data.pack_sequences:
         return
     if head not in PACKABLE_HEADS:
         raise FinetuneInputError(
-            f"config.pack_sequences: the {head} head ({config.task}) stays unpacked (SQuAD's "
-            "windows and SWAG's choices fill their rows); packing is for "
+            f"config.data.pack_sequences: the {head} head ({config.task.name}) stays unpacked "
+            "(SQuAD's windows and SWAG's choices fill their rows); packing is for "
             f"{', '.join(PACKABLE_HEADS)} tasks"
         )
-    if int(config.max_sequences_per_pack) < 1:
+    if int(config.data.max_sequences_per_pack) < 1:
         raise FinetuneInputError(
-            f"config.max_sequences_per_pack={config.max_sequences_per_pack}: expected >= 1"
+            f"config.data.max_sequences_per_pack={config.data.max_sequences_per_pack}: "
+            "expected >= 1"
         )
 
 

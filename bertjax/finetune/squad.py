@@ -1,6 +1,6 @@
 """SQuAD v1.1 / v2.0 (paper §4.2, §4.3): reader, doc-stride features, n-best decoding, outputs.
 
-Files in ``config.data_dir``: ``train-v1.1.json``, ``dev-v1.1.json`` (``-v2.0`` for v2.0) and,
+Files in ``config.task.data_dir``: ``train-v1.1.json``, ``dev-v1.1.json`` (``-v2.0`` for v2.0) and,
 for predict mode, ``test-v1.1.json`` (same JSON, answers not needed). As the original
 ``run_squad.py``: the passage is split on whitespace, each word into WordPieces (orig -> sub-token
 maps); the question (at most ``max_query_length`` pieces) is segment A and a window of the passage
@@ -17,7 +17,7 @@ best-threshold search over the null odds (``best_f1`` at ``best_f1_thresh``) and
 original README then re-runs prediction with ``--null_score_diff_threshold=best_f1_thresh``,
 writes ``predictions_best_thresh.json`` (dev, and ``test_predictions_best_thresh.json`` for a test
 split predicted after it) decoded at that threshold. ``predictions.json`` always uses
-``config.null_score_diff_threshold``; predict mode has no dev set, so set that key to the
+``config.task.null_score_diff_threshold``; predict mode has no dev set, so set that key to the
 ``best_f1_thresh`` found at training time (``eval_results.json``).
 
 An ``answer_start`` that does not point at the answer text is an error naming the file and
@@ -266,19 +266,19 @@ def doc_spans(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, 
 
 def _windows(example, tokenizer, config):
     """Yields (feature arrays, host metadata) for each doc-stride window of one example."""
-    query = tokenizer.encode([example.question_text])[0][: config.max_query_length]
+    query = tokenizer.encode([example.question_text])[0][: config.task.max_query_length]
     pieces = tokenizer.encode(example.doc_tokens) if example.doc_tokens else []
     tok_to_orig = [w for w, p in enumerate(pieces) for _ in p]
     doc = [i for p in pieces for i in p]
     has_span = example.start_position >= 0
     tok_start, tok_end = _token_span(example, pieces, tokenizer) if has_span else (-1, -1)
-    max_tokens = config.max_seq_length - len(query) - 3
+    max_tokens = config.data.max_seq_length - len(query) - 3
     if max_tokens <= 0:
         raise FinetuneInputError(
-            f"config.max_seq_length={config.max_seq_length} leaves no room "
+            f"config.data.max_seq_length={config.data.max_seq_length} leaves no room "
             f"for the passage after a {len(query)}-piece question"
         )
-    spans = doc_spans(len(doc), max_tokens, config.doc_stride)
+    spans = doc_spans(len(doc), max_tokens, config.task.doc_stride)
     offset = len(query) + 2
     for span_index, (start, length) in enumerate(spans):
         ids = [
@@ -294,7 +294,7 @@ def _windows(example, tokenizer, config):
         start_position = end_position = 0
         if has_span and start <= tok_start and tok_end <= start + length - 1:
             start_position, end_position = tok_start - start + offset, tok_end - start + offset
-        pad = config.max_seq_length - len(ids)
+        pad = config.data.max_seq_length - len(ids)
         row = {
             "input_ids": np.asarray(ids + [tokenizer.pad_id] * pad, np.int32),
             "segment_ids": np.asarray(segments + [0] * pad, np.int32),

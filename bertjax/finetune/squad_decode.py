@@ -61,11 +61,11 @@ def _candidates(feature_ids, features, logits, config):
         if null is None or null_score < null[0]:
             null = (float(null_score), (f, 0, 0, float(start_logits[0]), float(end_logits[0])))
         to_orig, is_max = meta["token_to_orig_map"], meta["token_is_max_context"]
-        for s in _top(start_logits, config.n_best_size):
-            for e in _top(end_logits, config.n_best_size):
+        for s in _top(start_logits, config.task.n_best_size):
+            for e in _top(end_logits, config.task.n_best_size):
                 if s not in to_orig or e not in to_orig or not is_max.get(s, False):
                     continue
-                if e < s or e - s + 1 > config.max_answer_length:
+                if e < s or e - s + 1 > config.task.max_answer_length:
                     continue
                 prelim.append((f, s, e, float(start_logits[s]), float(end_logits[e])))
     return prelim, null
@@ -93,7 +93,7 @@ def decode(examples, features, logits, tokenizer, config, is_v2: bool):
         prelim.sort(key=lambda c: c[3] + c[4], reverse=True)
         nbest, seen = [], set()
         for f, s, e, start_logit, end_logit in prelim:
-            if len(nbest) >= config.n_best_size:
+            if len(nbest) >= config.task.n_best_size:
                 break
             text = _span_text(example, features, tokenizer, f, s, e) if s > 0 else ""
             if text in seen:
@@ -118,7 +118,7 @@ def decode(examples, features, logits, tokenizer, config, is_v2: bool):
         null_odds[example.qas_id] = float(null[0] - best[1] - best[2])
     if is_v2:
         predictions = threshold_predictions(
-            nbest_json, null_odds, float(config.null_score_diff_threshold)
+            nbest_json, null_odds, float(config.task.null_score_diff_threshold)
         )
     return predictions, null_odds, nbest_json
 

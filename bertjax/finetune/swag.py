@@ -1,6 +1,6 @@
 """SWAG (paper §4.4): the standard CSVs, 4 choices ``[CLS] sent1 [SEP] sent2 ending [SEP]``.
 
-Files in ``config.data_dir``: ``train.csv``, ``val.csv``, ``test.csv`` as released by the SWAG
+Files in ``config.task.data_dir``: ``train.csv``, ``val.csv``, ``test.csv`` as released by the SWAG
 authors (header ``video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..ending3,label``;
 ``test.csv`` has no ``label``). Sentence A is ``sent1``, sentence B the start of the second
 sentence (``sent2``) followed by one ending; a vector V scores each choice's pooled output and a
@@ -101,8 +101,8 @@ class SwagTask(Task):
             choices = []
             for j in range(NUM_CHOICES):
                 a, b = list(context), list(endings[i * NUM_CHOICES + j])
-                truncate_pair(a, b, config.max_seq_length - 3)
-                choices.append(pack(tokenizer, a, b, config.max_seq_length))
+                truncate_pair(a, b, config.data.max_seq_length - 3)
+                choices.append(pack(tokenizer, a, b, config.data.max_seq_length))
             for k, key in enumerate(arrays):
                 arrays[key].append(np.stack([c[k] for c in choices]))
         if not examples:

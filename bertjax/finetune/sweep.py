@@ -91,8 +91,8 @@ def sweep(config, workdir: str) -> dict:
         "primary_metric": task.primary_metric,
         "rows": rows,
         "best": best,
-        "batch_size": config.batch_size,
-        "num_train_epochs": config.num_train_epochs,
+        "batch_size": config.train.global_batch_size,
+        "num_train_epochs": config.train.num_epochs,
     }
     with T.staged_outputs(workdir) as stage:  # all or nothing, the tables last
         T.save(stage, best_params, bert_config, vocab_file, lower, task)

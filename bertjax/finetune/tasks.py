@@ -24,7 +24,7 @@ Skips that the official scripts also make (e.g. a SQuAD answer that cannot be re
 whitespace tokens, QQP lines with missing columns) are counted in ``Features.skipped`` / the
 task's ``skipped`` dict and reported in the metrics JSON; everything else malformed is a
 :class:`FinetuneInputError` naming the file and line. Task files are read through
-:func:`read_text` and looked for with ``etils.epath``: ``config.data_dir`` may be on ``gs://``.
+:func:`read_text` and looked for with ``etils.epath``: ``config.task.data_dir`` may be on ``gs://``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import numpy as np
 from etils import epath
 
 HEADS = ("classification", "regression", "span", "tagging", "choice")
-DATA_SOURCES = ("files", "tfds")  # config.data_source
+DATA_SOURCES = ("files", "tfds")  # config.task.source
 
 
 class FinetuneInputError(ValueError):
@@ -161,10 +161,10 @@ def label_index(label_list: Sequence[str], label: str, where: str) -> int:
 
 
 def get_task(config):
-    """The task object for ``config.task`` (mrpc, mnli, squad_v2, conll2003, swag, ...)."""
+    """The task object for ``config.task.name`` (mrpc, mnli, squad_v2, conll2003, swag, ...)."""
     import importlib
 
-    name, known = config.task.lower(), []
+    name, known = config.task.name.lower(), []
     for module_name, class_name in (
         ("glue", "GlueTask"),
         ("squad", "SquadTask"),
@@ -175,19 +175,21 @@ def get_task(config):
         if name in module.TASKS:
             return _with_source(getattr(module, class_name)(name), config)
         known += list(module.TASKS)
-    raise FinetuneInputError(f"config.task={config.task!r}: expected one of {sorted(known)}")
+    raise FinetuneInputError(
+        f"config.task.name={config.task.name!r}: expected one of {sorted(known)}"
+    )
 
 
 def _with_source(task, config):
-    if config.data_source not in DATA_SOURCES:
+    if config.task.source not in DATA_SOURCES:
         raise FinetuneInputError(
-            f"config.data_source={config.data_source!r}: expected one of {DATA_SOURCES}"
+            f"config.task.source={config.task.source!r}: expected one of {DATA_SOURCES}"
         )
-    if config.data_source == "tfds":
+    if config.task.source == "tfds":
         if not hasattr(task, "use_tfds"):
             raise FinetuneInputError(
-                f"config.data_source='tfds': only the GLUE tasks have TFDS builders; "
-                f"{task.name} reads its standard files from config.data_dir"
+                f"config.task.source='tfds': only the GLUE tasks have TFDS builders; "
+                f"{task.name} reads its standard files from config.task.data_dir"
             )
-        task.use_tfds(config.tfds_data_dir)
+        task.use_tfds(config.task.tfds_data_dir)
     return task

@@ -34,7 +34,7 @@ COMMANDS = {
     ),
     "finetune": Command(
         "bertjax.finetune", "finetune_glue.py", ("--workdir={workdir}",),
-        "num_train_epochz", "num_train_epochs", "batch_size",
+        "train.num_epochz", "train.num_epochs", "train.global_batch_size",
     ),
     "compile": Command(
         "bertjax.compile", "tiny.py", ("--topology=v5litepod-4",),

@@ -6,6 +6,7 @@ import json
 import re
 
 import hypothesis.strategies as st
+import ml_collections
 import pytest
 
 from bertjax.finetune import glue, inputs, ner, squad, swag
@@ -148,10 +149,6 @@ def test_swag_csv(testdata, tmp_path, record_property):
     )
 
 
-class _Config:
-    data_dir: str
-
-
 @pytest.mark.parametrize(
     "task, split, contents",
     [
@@ -172,8 +169,7 @@ def test_a_split_without_examples_is_an_error_naming_its_file(task, split, conte
     path = task.split_path(str(tmp_path), split)
     with open(path, "w") as f:
         f.write(contents)
-    config = _Config()
-    config.data_dir = str(tmp_path)
+    config = ml_collections.ConfigDict({"task": {"data_dir": str(tmp_path)}})
     with pytest.raises(FinetuneInputError) as error:
         inputs.Data(task, config, tokenizer=None, splits=[split])
     check_one_line(error.value, path)

@@ -160,7 +160,7 @@ def test_features_match_hf_and_original_truncation(testdata, vocab_file):
     task = glue.GlueTask("mrpc")
     examples = task.read(str(testdata / "finetune/mrpc"), "dev")
     features = task.featurize(
-        examples, tokenizer, ml_collections.ConfigDict({"max_seq_length": 32})
+        examples, tokenizer, ml_collections.ConfigDict({"data": {"max_seq_length": 32}})
     )
     for i, e in enumerate(examples):
         ref = hf(e.text_a, e.text_b, max_length=32, padding="max_length")

@@ -84,7 +84,7 @@ def test_mrpc_prepared_from_the_fixture_then_read_by_name(testdata, tmp_path, mo
     )
     monkeypatch.undo()
     config = ml_collections.ConfigDict(
-        dict(task="mrpc", data_source="tfds", tfds_data_dir=data_dir, data_dir="")
+        {"task": dict(name="mrpc", source="tfds", tfds_data_dir=data_dir, data_dir="")}
     )
     from_tfds = tasks.get_task(config)
     from_tsv = glue.GlueTask("mrpc")
@@ -99,13 +99,13 @@ def test_mrpc_prepared_from_the_fixture_then_read_by_name(testdata, tmp_path, mo
 
 def test_tfds_errors(tmp_path):
     config = ml_collections.ConfigDict(
-        dict(task="rte", data_source="tfds", tfds_data_dir=str(tmp_path))
+        {"task": dict(name="rte", source="tfds", tfds_data_dir=str(tmp_path))}
     )
     with pytest.raises(FinetuneInputError, match=r"glue/rte is not prepared there"):
         tasks.get_task(config).read("", "train")
-    config.task = "squad_v1"
+    config.task.name = "squad_v1"
     with pytest.raises(FinetuneInputError, match=r"only the GLUE tasks have TFDS builders"):
         tasks.get_task(config)
-    config.data_source = "hub"
-    with pytest.raises(FinetuneInputError, match=r"config.data_source='hub': expected one of"):
+    config.task.source = "hub"
+    with pytest.raises(FinetuneInputError, match=r"config.task.source='hub': expected one of"):
         tasks.get_task(config)

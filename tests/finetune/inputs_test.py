@@ -57,7 +57,8 @@ def test_a_resumed_finetune_never_reads_its_init_checkpoint(
 
     def config(init):
         config = _config("finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
-                         init_checkpoint=str(init), num_train_epochs=2.0)  # fmt: skip
+                         init_checkpoint=str(init),
+                         overrides={"train.num_epochs": 2.0})  # fmt: skip
         config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.1
         return config
 

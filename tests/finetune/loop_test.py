@@ -30,22 +30,20 @@ from bertjax.training import workdir as workdir_lib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _config(name: str, arg: str | None = None, **overrides):
+def _config(name: str, arg: str | None = None, *, task: str | None = None, data_dir: str,
+            init_checkpoint: str, overrides: dict | None = None):  # fmt: skip
+    """configs/NAME.py[:ARG] for a tiny, quick run of ``task`` (the config's own when None) on
+    ``data_dir``; ``overrides``: dotted keys (``{"train.num_epochs": 2.0}``)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "configs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-    config.update(
-        dict(
-            max_seq_length=32,
-            batch_size=8,
-            eval_batch_size=8,
-            num_train_epochs=1.0,
-            log_every_steps=1,
-            learning_rate=1e-3,
-        )
-    )
-    config.update(overrides)
+    config.update_from_flattened_dict({
+        "data.max_seq_length": 32, "train.global_batch_size": 8, "train.eval_batch_size": 8,
+        "train.num_epochs": 1.0, "train.log_every": 1, "optimizer.learning_rate": 1e-3,
+        "task.data_dir": data_dir, "init_checkpoint": init_checkpoint,
+        **({"task.name": task} if task else {}), **(overrides or {}),
+    })  # fmt: skip
     # No dropout: these runs check plumbing, and dropout's RNG doubles the step's compile time.
     config.model.hidden_dropout_rate = config.model.attention_dropout_rate = 0.0
     return config
@@ -175,7 +173,7 @@ def test_other_heads_report_what_their_prediction_files_score(
         task=task,
         data_dir=str(testdata / "finetune" / data),
         init_checkpoint=tiny_checkpoint,
-        do_lower_case="true",
+        overrides={"data.do_lower_case": True},
     )
     results = loop.train_and_evaluate(config, str(tmp_path))
     assert np.isfinite(results["final_train_loss"])
@@ -238,8 +236,8 @@ def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
     (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
     result = _cli(
         "finetune_glue.py",
-        "--config.task=sst2",
-        f"--config.data_dir={data}",
+        "--config.task.name=sst2",
+        f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
         f"--workdir={tmp_path}/out",
     )
@@ -261,8 +259,8 @@ def test_cli_header_only_dev_file_fails_before_training(testdata, tiny_checkpoin
     workdir = tmp_path / "out"
     result = _cli(
         "finetune_glue.py",
-        "--config.task=mrpc",
-        f"--config.data_dir={data}",
+        "--config.task.name=mrpc",
+        f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
         f"--workdir={workdir}",
         *_SMALL,
@@ -277,11 +275,11 @@ def test_cli_header_only_dev_file_fails_before_training(testdata, tiny_checkpoin
 
 # Small-run flags for the CLI: tiny sequences, no dropout (plumbing, not learning).
 _SMALL = (
-    "--config.max_seq_length=48",
-    "--config.batch_size=8",
-    "--config.eval_batch_size=8",
-    "--config.learning_rate=1e-3",
-    "--config.log_every_steps=1",
+    "--config.data.max_seq_length=48",
+    "--config.train.global_batch_size=8",
+    "--config.train.eval_batch_size=8",
+    "--config.optimizer.learning_rate=1e-3",
+    "--config.train.log_every=1",
     "--config.model.hidden_dropout_rate=0.0",
     "--config.model.attention_dropout_rate=0.0",
 )
@@ -292,11 +290,11 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
     data = testdata / "finetune/stsb"
     result = _cli(
         "finetune_glue.py",
-        "--config.task=stsb",
-        f"--config.data_dir={data}",
+        "--config.task.name=stsb",
+        f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
         f"--workdir={tmp_path}",
-        "--config.num_train_epochs=2",
+        "--config.train.num_epochs=2",
         *_SMALL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -335,12 +333,12 @@ def test_cli_squad_v2_end_to_end(testdata, tiny_checkpoint, tmp_path):
     data = testdata / "finetune/squad"
     result = _cli(
         "finetune_squad.py:v2",
-        f"--config.data_dir={data}",
+        f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
         f"--workdir={tmp_path}",
-        "--config.do_lower_case=true",
-        "--config.doc_stride=16",
-        "--config.num_train_epochs=1",
+        "--config.data.do_lower_case=true",
+        "--config.task.doc_stride=16",
+        "--config.train.num_epochs=1",
         *_SMALL,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -415,15 +413,15 @@ def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     (``bertjax.training.retention``), the rerun restores it and ends with the same fine-tuned
     params, bit for bit, and the same dev metrics as a run that was never interrupted."""
     flags = [
-        "--config.task=mrpc",
-        f"--config.data_dir={testdata / 'finetune/mrpc'}",
+        "--config.task.name=mrpc",
+        f"--config.task.data_dir={testdata / 'finetune/mrpc'}",
         f"--config.init_checkpoint={tiny_checkpoint}",
-        "--config.max_seq_length=48",
-        "--config.batch_size=8",
-        "--config.eval_batch_size=8",
-        "--config.learning_rate=1e-3",
-        "--config.log_every_steps=10",
-        "--config.num_train_epochs=20",  # 16 pairs / 8 = 2 updates an epoch: 40 steps
+        "--config.data.max_seq_length=48",
+        "--config.train.global_batch_size=8",
+        "--config.train.eval_batch_size=8",
+        "--config.optimizer.learning_rate=1e-3",
+        "--config.train.log_every=10",
+        "--config.train.num_epochs=20",  # 16 pairs / 8 = 2 updates an epoch: 40 steps
         "--config.checkpoint.every_steps=10",
     ]
     config = f"{ROOT}/configs/finetune_glue.py"
@@ -475,7 +473,7 @@ def test_an_input_bound_run_shows_its_wait_and_warns_once(
     monkeypatch.setattr(loop_lib.Loop, "run", slow_run)
     config = _config(
         "finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
-        init_checkpoint=tiny_checkpoint, num_train_epochs=4.0,
+        init_checkpoint=tiny_checkpoint, overrides={"train.num_epochs": 4.0},
     )  # fmt: skip
     loop.train_and_evaluate(config, str(tmp_path))
     lines = capsys.readouterr().out.splitlines()

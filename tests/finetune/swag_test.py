@@ -16,7 +16,7 @@ def test_reader_and_features(testdata):
     examples = task.read(str(testdata / "finetune/swag"), "dev")
     assert len(examples) == 8 and examples[1].label == 1
     assert examples[1].endings[1] == "throws a dart at a dartboard."
-    config = ml_collections.ConfigDict({"max_seq_length": 32})
+    config = ml_collections.ConfigDict({"data": {"max_seq_length": 32}})
     features = task.featurize(examples, tasks.load_tokenizer(vocab, True), config)
     assert features.arrays["input_ids"].shape == (8, 4, 32)
     hf = BertTokenizerFast(vocab, do_lower_case=True)

@@ -32,13 +32,13 @@ WORK = "bertjax-finetune"
 DATA = REPO / "tests/testdata/finetune/mrpc"
 
 FLAGS = [
-    "--config.task=mrpc",
-    "--config.max_seq_length=32",
-    "--config.batch_size=8",
-    "--config.eval_batch_size=8",
-    "--config.learning_rate=1e-3",
-    "--config.num_train_epochs=4",  # 16 pairs / 8 = 2 updates an epoch: 8 steps
-    "--config.log_every_steps=2",
+    "--config.task.name=mrpc",
+    "--config.data.max_seq_length=32",
+    "--config.train.global_batch_size=8",
+    "--config.train.eval_batch_size=8",
+    "--config.optimizer.learning_rate=1e-3",
+    "--config.train.num_epochs=4",  # 16 pairs / 8 = 2 updates an epoch: 8 steps
+    "--config.train.log_every=2",
     "--config.checkpoint.every_steps=2",  # config.checkpoint.keep as shipped: 1
 ]
 
@@ -77,7 +77,7 @@ class Finetune:
         init, data = local or (self.init_checkpoint, self.data_dir)
         return [sys.executable, "-m", "bertjax.finetune", f"--config={REPO}/configs/"
                 "finetune_glue.py", f"--workdir={workdir}", f"--config.init_checkpoint={init}",
-                f"--config.data_dir={data}", *FLAGS, *extra]  # fmt: skip
+                f"--config.task.data_dir={data}", *FLAGS, *extra]  # fmt: skip
 
     def run(self, workdir, *extra, local=None):
         command = self.command(workdir, *extra, local=local)
@@ -154,7 +154,7 @@ def test_predict_from_a_gs_checkpoint_into_a_gs_workdir(gcs, finetune, reference
         upload_tree(gcs, reference / "checkpoint", trained)
     workdir = f"gs://{WORK}/predicted"
     result = finetune.run(
-        workdir, "--config.mode=predict", f"--config.predict_checkpoint={trained}"
+        workdir, "--config.mode=predict", f"--config.task.predict_checkpoint={trained}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == "wrote MRPC.tsv"
@@ -167,7 +167,7 @@ def test_predict_from_a_gs_checkpoint_into_a_gs_workdir(gcs, finetune, reference
 
 def test_a_gs_data_dir_without_the_task_files_is_one_line_naming_the_file(gcs, finetune):
     data_dir = f"gs://{DATA_BUCKET}/no-mrpc"
-    result = finetune.run(f"gs://{WORK}/never", f"--config.data_dir={data_dir}")
+    result = finetune.run(f"gs://{WORK}/never", f"--config.task.data_dir={data_dir}")
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert lines == [f"finetune: error: {data_dir}/train.tsv: file not found"], lines

@@ -24,7 +24,7 @@ from tests.interop.references import MINILM, batch, leaves, loaded_cleanly, torc
 CONFIG = BertConfig(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=64, max_position_embeddings=64)  # fmt: skip
 LOGITS_TOL = 1e-5
-# config.task -> (HF class, its config's problem_type and id2label)
+# config.task.name -> (HF class, its config's problem_type and id2label)
 CASES = {
     "mrpc": ("BertForSequenceClassification", "single_label_classification", {0: "0", 1: "1"}),
     "stsb": ("BertForSequenceClassification", "regression", {0: "LABEL_0"}),
@@ -36,7 +36,7 @@ CASES = {
 
 def get_task(name: str):
     return tasks.get_task(ml_collections.ConfigDict(
-        {"task": name, "data_source": "files", "tfds_data_dir": ""}))  # fmt: skip
+        {"task": {"name": name, "source": "files", "tfds_data_dir": ""}}))  # fmt: skip
 
 
 def model_inputs(task) -> dict[str, np.ndarray]:
