@@ -1,4 +1,5 @@
-"""CoNLL-2003 NER (paper §5.3): column files, a label on each first WordPiece, conlleval.
+"""CoNLL-2003 NER (paper §5.3), and WNUT-16 in its format: column files, a label on each first
+WordPiece, conlleval.
 
 Files in ``config.task.data_dir``: ``train.txt``, ``dev.txt`` (or ``valid.txt`` / ``eng.testa``),
 ``test.txt`` (or ``eng.testb``); one token per line with the word first and the NER tag last
@@ -35,7 +36,11 @@ from bertjax.finetune.tasks import (
 )
 
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
-TASKS = {"conll2003": CONLL2003_LABELS}
+# WNUT-16 (Strauss et al., 2016: named entities in tweets), its ten types in BIO tags.
+WNUT16_TYPES = ("company", "facility", "geo-loc", "movie", "musicartist", "other", "person",
+                "product", "sportsteam", "tvshow")  # fmt: skip
+WNUT16_LABELS = ("O", *(f"{bio}-{kind}" for kind in WNUT16_TYPES for bio in ("B", "I")))
+TASKS = {"conll2003": CONLL2003_LABELS, "wnut16": WNUT16_LABELS}
 _FILES = {
     "train": ("train.txt", "eng.train"),
     "dev": ("dev.txt", "valid.txt", "eng.testa"),

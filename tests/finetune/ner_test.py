@@ -30,6 +30,27 @@ def test_reader(testdata):
     assert sentences[1].where.endswith("dev.txt:13")
 
 
+def test_wnut16_reads_its_own_ten_types_in_bio_tags(tmp_path):
+    """WNUT-16 (tweets) in the same two-column format, with its own label set: ``O`` and B-/I- of
+    its ten entity types as the shared task released them; a CoNLL-2003 tag is not one of them."""
+    (tmp_path / "train.txt").write_text(
+        "@user O\nat O\nempire B-facility\nstate I-facility\nbuilding I-facility\n\n"
+        "go O\nyankees B-sportsteam\n"
+    )
+    task = tasks.get_task(
+        ml_collections.ConfigDict({"task": {"name": "wnut16", "source": "files"}})
+    )
+    assert task.num_labels == 21 and task.label_list[:3] == ("O", "B-company", "I-company")
+    sentences = task.read(str(tmp_path), "train")
+    assert [s.labels for s in sentences] == [
+        ["O", "O", "B-facility", "I-facility", "I-facility"],
+        ["O", "B-sportsteam"],
+    ]
+    (tmp_path / "train.txt").write_text("Peter B-PER\n")
+    with pytest.raises(FinetuneInputError, match=r"train.txt:1: label 'B-PER' is not in the"):
+        task.read(str(tmp_path), "train")
+
+
 @pytest.mark.parametrize(
     "name,match",
     [
