@@ -13,9 +13,9 @@ bertjax's readers already take, with human labels only:
   ``test_labels.tsv``.
 * ``squad``: the same articles as SQuAD v1.1 JSON (``task=squad_v1``), answers whose
   ``answer_start`` does not point at their text dropped.
-* ``wnut16``: WNUT-16 Twitter NER (BIO), CoNLL layout: ``wnut16/`` with its own ten types (needs
-  a ``wnut16`` label set in ``bertjax.finetune.ner.TASKS``), ``wnut16_conll/`` with the types
-  folded into CoNLL-2003's four (``task=conll2003`` reads it today).
+* ``wnut16``: WNUT-16 Twitter NER (BIO), CoNLL layout: ``wnut16/`` with its own ten types
+  (``task.name=wnut16``, ``bertjax.finetune.ner.WNUT16_LABELS``), ``wnut16_conll/`` with the
+  types folded into CoNLL-2003's four (``task.name=conll2003``).
 
 Splits are by group, by a hash of the group's key, so related examples never straddle splits:
 VitaminC by connected claims, evidences and pages (its pairs are contrastive: one claim with two
