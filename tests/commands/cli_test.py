@@ -1,12 +1,16 @@
 """Bad flags and config files in every command that takes ``--config``: one line
 ``<command>: error: <message>`` on stderr, exit status 1, nothing written (``bertjax.cli``).
 
-The real commands run as subprocesses in an empty directory; each fails while absl parses its
-flags, before TensorFlow is imported or JAX computes anything: a run costs the start and the
-config file's imports.
+The real commands run in an empty directory each, all of them in one subprocess
+(:data:`PROBE`: absl's flags are reset between runs, and each run is its module run as
+``__main__``, as ``python -m`` runs it; an exception that escapes prints its traceback and exits
+1, as the interpreter does): each fails while absl parses its flags, before TensorFlow is
+imported or JAX computes anything. One process instead of one per case saves a start-up each
+(~40 of them).
 """
 
 import dataclasses
+import json
 import os
 import pathlib
 import subprocess
@@ -65,15 +69,112 @@ CONFIG_FILES = {
 }
 
 
-@pytest.fixture
-def dirs(tmp_path):
-    """(configs, run): config files of the tests, and the empty directory the command runs in."""
-    configs, run = tmp_path / "configs", tmp_path / "run"
-    configs.mkdir()
-    run.mkdir()
-    for name, text in CONFIG_FILES.items():
-        (configs / name).write_text(text)
-    return configs, run
+PROBE = """
+import contextlib, io, json, os, runpy, sys, traceback
+from absl import app, flags
+app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+baseline = set(flags.FLAGS)
+runs, results_path = json.load(open(sys.argv[1])), sys.argv[2]
+results = []
+for run in runs:
+    for name in set(flags.FLAGS) - baseline:  # the last run's flags
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    saved = dict(os.environ)
+    os.environ.update(run["env"])
+    os.chdir(run["cwd"])
+    sys.argv = [run["module"], *run["argv"]]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(run["module"], run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # what the interpreter does with an exception that escapes
+            traceback.print_exc()
+            code = 1
+    os.environ.clear()
+    os.environ.update(saved)
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+                    "tensorflow": "tensorflow" in sys.modules})
+json.dump(results, open(results_path, "w"))
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    tensorflow: bool
+
+
+class Runs:
+    """Every command run of this module, in one subprocess: ``add`` them all, then ``result``."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root, self.runs, self.results = root, [], None
+        self.configs = root / "configs"
+        self.configs.mkdir()
+        for name, text in CONFIG_FILES.items():
+            (self.configs / name).write_text(text)
+
+    def add(self, name: str, module: str, argv_of, **env) -> None:
+        """``argv_of(configs, run)``: the arguments, given the config files' directory and the
+        empty directory the run gets."""
+        run = self.root / f"run-{len(self.runs)}"
+        run.mkdir()
+        argv = argv_of(self.configs, run)
+        self.runs.append({"name": name, "module": module, "argv": argv, "cwd": str(run),
+                          "env": env})  # fmt: skip
+
+    def result(self, name: str) -> tuple[Result, pathlib.Path]:
+        if self.results is None:
+            plan, out = self.root / "runs.json", self.root / "results.json"
+            plan.write_text(json.dumps(self.runs))
+            command = [sys.executable, "-c", PROBE, str(plan), str(out)]
+            done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            self.results = dict(zip([r["name"] for r in self.runs],
+                                    json.loads(out.read_text()), strict=True))  # fmt: skip
+        run = next(r for r in self.runs if r["name"] == name)
+        values = {("returncode" if k == "code" else k): v for k, v in self.results[name].items()}
+        return Result(**values), pathlib.Path(run["cwd"])
+
+
+BAD_INPUTS = [
+    (prog, case)
+    for prog, command in COMMANDS.items()
+    for case in CASES
+    if command.required or case != "missing_required"
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    runs = Runs(tmp_path_factory.mktemp("cli"))
+    for prog, case in BAD_INPUTS:
+        command = COMMANDS[prog]
+        argv_of = lambda configs, run, c=case, m=command: _case(c, m, configs, run / "workdir")[0]
+        runs.add(f"{prog}-{case}", command.module, argv_of)
+    two_phase = REPO / "configs" / "two_phase.py"
+    runs.add("two_phase", "bertjax.main",
+             lambda _, run: [f"--config={two_phase}:base,3", f"--workdir={run / 'w'}"])  # fmt: skip
+    runs.add("missing_behind_override", "bertjax.main",
+             lambda _, run: ["--config=nope.py", f"--workdir={run / 'w'}",
+                             "--config.train.num_steps=3"])  # fmt: skip
+    tiny = REPO / "configs" / "tiny.py"
+    runs.add("traceback", "bertjax.main",
+             lambda _, run: [f"--config={tiny}", f"--workdir={run / 'w'}",
+                             "--config.train.num_stepz=5"], BERTJAX_TRACEBACK="1")  # fmt: skip
+    for bug in ("zero_division", "key_error"):
+        argv_of = lambda configs, run, b=bug: [
+            f"--config={configs / b}.py",
+            f"--workdir={run / 'w'}",
+            "--config.train.num_steps=3",
+        ]
+        runs.add(bug, "bertjax.main", argv_of)  # fmt: skip
+    return runs
 
 
 def _case(name: str, command: Command, configs: pathlib.Path, workdir: pathlib.Path):
@@ -116,7 +217,7 @@ def _run(module: str, argv: list[str], cwd: pathlib.Path, **env) -> subprocess.C
     )
 
 
-def _assert_one_line(result: subprocess.CompletedProcess, prog: str, texts: list[str]) -> None:
+def _assert_one_line(result, prog: str, texts: list[str]) -> None:
     assert result.returncode == 1, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -125,43 +226,29 @@ def _assert_one_line(result: subprocess.CompletedProcess, prog: str, texts: list
         assert text in lines[0]
 
 
-@pytest.mark.parametrize(
-    "prog,case",
-    [
-        (prog, case)
-        for prog, command in COMMANDS.items()
-        for case in CASES
-        if command.required or case != "missing_required"
-    ],
-)
-def test_bad_input_is_one_line_and_writes_nothing(prog, case, dirs):
-    configs, run = dirs
-    command = COMMANDS[prog]
-    argv, texts = _case(case, command, configs, run / "workdir")
-    _assert_one_line(_run(command.module, argv, run), prog, texts)
+@pytest.mark.parametrize("prog,case", BAD_INPUTS)
+def test_bad_input_is_one_line_and_writes_nothing(prog, case, runs):
+    result, run = runs.result(f"{prog}-{case}")
+    _, texts = _case(case, COMMANDS[prog], runs.configs, run / "workdir")
+    _assert_one_line(result, prog, texts)
     assert not list(run.iterdir())  # no workdir, nothing else
+    assert not result.tensorflow  # failed while parsing its flags: nothing heavy imported
 
 
-def test_a_repository_config_that_rejects_its_argument(dirs):
-    _, run = dirs
-    config = REPO / "configs" / "two_phase.py"
-    result = _run("bertjax.main", [f"--config={config}:base,3", f"--workdir={run / 'w'}"], run)
+def test_a_repository_config_that_rejects_its_argument(runs):
+    result, run = runs.result("two_phase")
     _assert_one_line(result, "main", ["two_phase.py:base,3", "phase must be 1 or 2, got '3'"])
     assert not list(run.iterdir())
 
 
-def test_missing_file_behind_an_override(dirs):
+def test_missing_file_behind_an_override(runs):
     """ml_collections raises the load error while applying the override, not later."""
-    _, run = dirs
-    argv = ["--config=nope.py", f"--workdir={run / 'w'}", "--config.train.num_steps=3"]
-    result = _run("bertjax.main", argv, run)
+    result, run = runs.result("missing_behind_override")
     _assert_one_line(result, "main", ["--config=nope.py", "No such file", str(run)])
 
 
-def test_traceback_on_request(dirs):
-    _, run = dirs
-    argv = [f"--config={REPO / 'configs' / 'tiny.py'}", f"--workdir={run / 'w'}"]
-    result = _run("bertjax.main", [*argv, "--config.train.num_stepz=5"], run, BERTJAX_TRACEBACK="1")
+def test_traceback_on_request(runs):
+    result, run = runs.result("traceback")
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert 'Did you mean "num_steps"' in result.stderr
@@ -169,18 +256,16 @@ def test_traceback_on_request(dirs):
 
 
 @pytest.mark.parametrize("bug", ["zero_division", "key_error"])
-def test_a_bug_in_a_config_file_keeps_its_traceback(bug, dirs):
-    configs, run = dirs
-    argv = [f"--config={configs / bug}.py", f"--workdir={run / 'w'}", "--config.train.num_steps=3"]
-    result = _run("bertjax.main", argv, run)
+def test_a_bug_in_a_config_file_keeps_its_traceback(bug, runs):
+    result, _ = runs.result(bug)
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert f"{bug}.py" in result.stderr and "main: error:" not in result.stderr
 
 
-def test_help_answers_without_tensorflow(dirs):
-    _, run = dirs
-    result = _run("bertjax.main", ["--helpfull"], run, PYTHONPROFILEIMPORTTIME="1")
+def test_help_answers_without_tensorflow(tmp_path):
+    """A process of its own: Python's import profile of a fresh start."""
+    result = _run("bertjax.main", ["--helpfull"], tmp_path, PYTHONPROFILEIMPORTTIME="1")
     assert "--workdir" in result.stdout and "--config" in result.stdout
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "bertjax.cli" in imported and "tensorflow" not in imported
