@@ -45,6 +45,17 @@ def testdata() -> pathlib.Path:
     return TESTDATA
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The tiny pretraining run the command tests share, and its reference run, made once per
+    session across xdist workers (``tests/commands/tiny_run.py``)."""
+    from tests.commands import tiny_run as tiny_run_lib  # noqa: PLC0415
+
+    base = tmp_path_factory.getbasetemp()
+    session_root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return tiny_run_lib.shared(session_root)
+
+
 @pytest.fixture(scope="module")
 def fast_compiles():
     """``jax_disable_most_optimizations`` (XLA at LLVM -O0) for one module.

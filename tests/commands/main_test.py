@@ -1,6 +1,7 @@
 """End-to-end: ``python -m bertjax.main`` as subprocesses on a slice of the bundled corpus.
 
-One uninterrupted reference run, then the same command killed with SIGKILL (aimed at an async
+One uninterrupted reference run (made once per session and shared with faults_test:
+``tests/commands/tiny_run.py``), then the same command killed with SIGKILL (aimed at an async
 save, and twice between orbax's commit of a step and its seal: at the shipped ``keep`` and at
 ``keep=1``), resumed and stopped with SIGTERM, resumed to the end: its parameters must be
 bit-identical to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must
@@ -12,9 +13,7 @@ for compiling.
 """
 
 import dataclasses
-import gzip
 import json
-import os
 import pathlib
 import re
 import signal
@@ -29,89 +28,23 @@ import pytest
 from bertjax.data import bundled
 from bertjax.training import lease, lease_stores
 from bertjax.training import workdir as workdir_lib
-from tests.pretrain.step_test import TINY_MODEL
+from tests.commands import tiny_run as tiny_run_lib
 
-REPO = pathlib.Path(__file__).parents[2]
-pytestmark = pytest.mark.xdist_group("main_test")  # one reference run per suite (conftest)
-NUM_STEPS = 8
-
-
-def _overrides(corpus: pathlib.Path) -> list[str]:
-    values = {
-        **{f"model.{k}": v for k, v in TINY_MODEL.items()},
-        "data.cache_dir": str(corpus.parent / "cache"),
-        "data.max_seq_length": 32,
-        "data.max_predictions_per_seq": 5,
-        "train.num_steps": NUM_STEPS,
-        "train.global_batch_size": 8,
-        "train.log_every": 1,
-        "train.eval_every": 4,
-        "train.eval_steps": 2,
-        "train.eval_batch_size": 8,
-        "checkpoint.every_steps": 2,
-        "optimizer.warmup_steps": 2,
-    }
-    return [f"--config.{k}={v}" for k, v in values.items()]
+pytestmark = pytest.mark.xdist_group("main_test")
+REPO, NUM_STEPS = tiny_run_lib.REPO, tiny_run_lib.NUM_STEPS
+_overrides, _command, _run = tiny_run_lib.overrides, tiny_run_lib.command, tiny_run_lib.run
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("main")
-    # 40 chapters of the bundled corpus: enough documents for NSP, quick to tokenize.
-    with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
-        chapters = f.read().split("\n\n")[:40]
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
-    # List-valued fields cannot be overridden on the command line: a config file sets them.
-    (root / "test_config.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
-        f"def get_config():\n    config = tiny.get_config()\n"
-        f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
-        f"    return config\n"
-    )
-    environ = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # tiny model, 8 steps: compiling is the cost
-        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
-    # The quiet start is bertjax's own (bertjax.startup), not the test's: no platform hints.
-    for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
-        environ.pop(name, None)
-    return root, corpus, environ
-
-
-def _command(corpus, workdir, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "bertjax.main",
-        f"--config={corpus.parent / 'test_config.py'}",
-        f"--workdir={workdir}",
-        *_overrides(corpus),
-        *extra,
-    ]
-
-
-def _run(env, workdir, *extra, timeout=300):
-    _, corpus, environ = env
-    return subprocess.run(
-        _command(corpus, workdir, *extra),
-        env=environ,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def env(tiny_run):
+    """(root, corpus, environ) of the shared tiny run (``tests/commands/tiny_run.py``)."""
+    return tiny_run.env
 
 
 @pytest.fixture(scope="module")
-def reference(env):
-    workdir = env[0] / "reference"
-    result = _run(env, workdir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir, result.stdout, result.stderr
+def reference(tiny_run):
+    """(workdir, stdout, stderr) of its uninterrupted run, made once per session."""
+    return tiny_run.reference
 
 
 def test_start_up_is_quiet_on_a_cpu_machine(reference):

@@ -1,0 +1,113 @@
+"""The tiny pretraining run the command tests share: ``python -m bertjax.main`` on 40 chapters of
+the bundled corpus (8 steps, a checkpoint every 2, evaluation every 4), and its one
+uninterrupted reference run, made once per test session however many xdist workers ask.
+
+``main_test``, ``faults_test`` and the ``gs://`` pretraining tests drive the same command; the
+reference (a workdir, its stdout and stderr) is what their interrupted, damaged or remote runs
+must end bit-identical to. :func:`shared` builds it under a file lock in the directory every
+worker of the session shares; a worker that finds it built reuses it. Tests copy the reference
+workdir before they change anything in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import pathlib
+import subprocess
+import sys
+
+import filelock
+
+from bertjax.data import bundled
+from tests.pretrain.step_test import TINY_MODEL
+
+REPO = pathlib.Path(__file__).parents[2]
+NUM_STEPS = 8
+
+
+def overrides(corpus: pathlib.Path) -> list[str]:
+    values = {
+        **{f"model.{k}": v for k, v in TINY_MODEL.items()},
+        "data.cache_dir": str(corpus.parent / "cache"),
+        "data.max_seq_length": 32,
+        "data.max_predictions_per_seq": 5,
+        "train.num_steps": NUM_STEPS,
+        "train.global_batch_size": 8,
+        "train.log_every": 1,
+        "train.eval_every": 4,
+        "train.eval_steps": 2,
+        "train.eval_batch_size": 8,
+        "checkpoint.every_steps": 2,
+        "optimizer.warmup_steps": 2,
+    }
+    return [f"--config.{k}={v}" for k, v in values.items()]
+
+
+def command(corpus: pathlib.Path, workdir, *extra) -> list[str]:
+    return [sys.executable, "-m", "bertjax.main", f"--config={corpus.parent / 'test_config.py'}",
+            f"--workdir={workdir}", *overrides(corpus), *extra]  # fmt: skip
+
+
+def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
+    _, corpus, environ = env
+    return subprocess.run(command(corpus, workdir, *extra), env=environ, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _environ(root: pathlib.Path) -> dict:
+    environ = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # tiny model, 8 steps: compiling is the cost
+        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    )
+    # The quiet start is bertjax's own (bertjax.startup), not the test's: no platform hints.
+    for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
+        environ.pop(name, None)
+    return environ
+
+
+def _write_env(root: pathlib.Path) -> None:
+    # 40 chapters of the bundled corpus: enough documents for NSP, quick to tokenize.
+    with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
+        chapters = f.read().split("\n\n")[:40]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
+    # List-valued fields cannot be overridden on the command line: a config file sets them.
+    (root / "test_config.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
+        f"def get_config():\n    config = tiny.get_config()\n"
+        f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
+        f"    return config\n"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    env: tuple  # (root, corpus, environ): what ``run`` and ``command`` take
+    reference: tuple  # (workdir, stdout, stderr) of the uninterrupted run
+
+
+def shared(session_root: pathlib.Path) -> Shared:
+    """The env and the reference run under ``session_root`` (shared by the session's workers),
+    built by the first caller, under a file lock; later callers read what it wrote."""
+    root = session_root / "tiny_run"
+    with filelock.FileLock(str(session_root / "tiny_run.lock")):
+        done = root / "reference.done"
+        if not done.exists():
+            root.mkdir(exist_ok=True)
+            _write_env(root)
+            env = (root, root / "corpus.txt", _environ(root))
+            result = run(env, root / "reference")
+            if result.returncode != 0:
+                raise AssertionError(f"the reference run failed: {result.stderr[-3000:]}")
+            (root / "reference.stdout").write_text(result.stdout)
+            (root / "reference.stderr").write_text(result.stderr)
+            done.touch()
+    env = (root, root / "corpus.txt", _environ(root))
+    reference = (root / "reference", (root / "reference.stdout").read_text(),
+                 (root / "reference.stderr").read_text())  # fmt: skip
+    return Shared(env, reference)
