@@ -291,8 +291,8 @@ def instance_rows(config, rows: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def row_counts(batch: dict[str, np.ndarray]) -> dict:
     """Instances and real tokens of a host batch, counted on the host."""
-    if "next_sentence_weights" in batch:
-        instances = int(np.sum(batch["next_sentence_weights"] > 0))
+    if "instance_weights" in batch:
+        instances = int(np.sum(batch["instance_weights"] > 0))
     else:
         instances = len(batch["input_ids"])
     tokens = int(np.sum(batch["input_mask"] != 0))

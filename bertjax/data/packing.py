@@ -112,50 +112,98 @@ def efficiency(lengths: np.ndarray, num_rows: int, max_seq_length: int) -> float
 def pack_features(
     features: dict[str, np.ndarray], rows: list[list[int]], max_sequences_per_pack: int
 ) -> dict[str, np.ndarray]:
-    """Unpacked instances -> packed rows of the contract (``bertjax.data.pipeline``).
+    """Unpacked instances -> packed rows of the contract (``bertjax.data.pipeline``, "The packed
+    row"): the one builder of pretraining, fine-tuning and feature extraction.
 
-    ``features``: the batch contract's unpacked features for ``n`` instances (``input_ids``,
-    ``segment_ids``, ``input_mask <int>[n, L]``, ``masked_lm_* [n, P]``,
-    ``next_sentence_labels [n]``); ``rows``: instance indices per row (``pack``). Returns the
-    packed features, ``[R, L]``, ``[R, P]`` and ``[R, K]`` for ``R = len(rows)``.
+    ``features``: ``n`` unpacked instances, each feature of one of three kinds:
+
+    * ``masked_lm_*`` ``[n, P]`` (named ``PREDICTION_FEATURES``): each instance's predictions
+      (weight > 0), one instance's after another, positions moved to the row; then 0;
+    * per instance, ``[n]`` (``next_sentence_labels``, a classifier's ``label_ids``): one per
+      slot, ``[R, K]``; then 0;
+    * per token, ``[n, L]`` (``input_ids``, ``segment_ids``, ``input_mask``, a tagger's
+      ``label_ids``/``label_weights``): each instance's first ``input_mask.sum()`` tokens, one
+      instance after another; then 0.
+
+    ``rows``: instance indices per row (``pack``). Returns those features packed, dtypes kept, and
+    ``ROW_FEATURES``: ``positions``, ``sequence_ids <int32>[R, L]``, ``cls_positions
+    <int32>[R, K]``, ``instance_weights <float32>[R, K]``, for ``R = len(rows)``.
     """
-    input_mask = np.asarray(features["input_mask"])
-    num_rows, (length, preds) = len(rows), (input_mask.shape[1], features["masked_lm_ids"].shape[1])
-    k = max_sequences_per_pack
+    num_tokens = np.asarray(features["input_mask"]).sum(axis=1).astype(np.int64)
+    length, k = np.shape(features["input_mask"])[1], max_sequences_per_pack
+    if any(len(row) > k for row in rows):
+        raise DataError(f"a packed row of {max(map(len, rows))} instances exceeds K={k}")
+    # Instance j of the concatenated rows: its row, slot and first token in the row.
+    members = np.asarray([i for row in rows for i in row], np.int64)
+    row_of = np.repeat(np.arange(len(rows)), [len(row) for row in rows])
+    slot = np.arange(len(members)) - np.repeat(_row_starts(rows), [len(row) for row in rows])
+    n = num_tokens[members]
+    start = _offsets_within_rows(n, row_of)
+    if np.any(start + n > length):
+        raise DataError(f"packed row {int(row_of[start + n > length][0])} exceeds {length} tokens")
+    tokens = np.arange(length)[None, :] < n[:, None]  # [m, L]: the instance's real tokens
+    token_rows, token_columns = np.repeat(row_of, n), (start[:, None] + np.arange(length))[tokens]
     out = {
-        **{name: np.zeros((num_rows, length), np.int32) for name in _TOKEN_FEATURES},
-        **{name: np.zeros((num_rows, preds), np.int32) for name in _PREDICTION_FEATURES},
-        "masked_lm_weights": np.zeros((num_rows, preds), np.float32),
-        **{name: np.zeros((num_rows, k), np.int32) for name in _INSTANCE_FEATURES},
-        "next_sentence_weights": np.zeros((num_rows, k), np.float32),
+        "positions": np.zeros((len(rows), length), np.int32),
+        "sequence_ids": np.zeros((len(rows), length), np.int32),
+        "cls_positions": np.zeros((len(rows), k), np.int32),
+        "instance_weights": np.zeros((len(rows), k), np.float32),
     }
-    num_tokens = input_mask.sum(axis=1)
-    predicted = np.asarray(features["masked_lm_weights"]) > 0
-    for r, row in enumerate(rows):
-        if len(row) > k:
-            raise DataError(f"a packed row of {len(row)} instances exceeds K={k}")
-        start = filled = 0
-        for s, i in enumerate(row):
-            n, m = int(num_tokens[i]), int(predicted[i].sum())
-            if start + n > length or filled + m > preds:
-                raise DataError(f"packed row {r} exceeds {length} tokens or {preds} predictions")
-            for name in ("input_ids", "segment_ids", "input_mask"):
-                out[name][r, start : start + n] = features[name][i, :n]
-            out["positions"][r, start : start + n] = np.arange(n)
-            out["sequence_ids"][r, start : start + n] = s + 1
-            sel = predicted[i]
-            out["masked_lm_positions"][r, filled : filled + m] = (
-                features["masked_lm_positions"][i, sel] + start
-            )
-            out["masked_lm_ids"][r, filled : filled + m] = features["masked_lm_ids"][i, sel]
-            out["masked_lm_weights"][r, filled : filled + m] = 1.0
-            out["next_sentence_positions"][r, s] = start
-            out["next_sentence_labels"][r, s] = features["next_sentence_labels"][i]
-            out["next_sentence_weights"][r, s] = 1.0
-            start, filled = start + n, filled + m
+    out["positions"][token_rows, token_columns] = np.nonzero(tokens)[1]
+    out["sequence_ids"][token_rows, token_columns] = np.repeat(slot + 1, n)
+    out["cls_positions"][row_of, slot] = start
+    out["instance_weights"][row_of, slot] = 1.0
+    if "masked_lm_weights" in features:
+        out.update(_pack_predictions(features, members, row_of, start, len(rows)))
+    for name, value in features.items():
+        value = np.asarray(value)
+        if name in PREDICTION_FEATURES:
+            continue
+        if value.ndim == 1:
+            out[name] = np.zeros((len(rows), k), value.dtype)
+            out[name][row_of, slot] = value[members]
+        else:
+            out[name] = np.zeros((len(rows), length), value.dtype)
+            out[name][token_rows, token_columns] = value[members][tokens]
     return out
 
 
-_TOKEN_FEATURES = ("input_ids", "segment_ids", "input_mask", "positions", "sequence_ids")
-_PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids")
-_INSTANCE_FEATURES = ("next_sentence_positions", "next_sentence_labels")
+def _row_starts(rows: list[list[int]]) -> np.ndarray:
+    """Each row's first index into the concatenated rows."""
+    return np.cumsum([0, *(len(row) for row in rows)])[:-1].astype(np.int64)
+
+
+def _offsets_within_rows(sizes: np.ndarray, row_of: np.ndarray) -> np.ndarray:
+    """``<int64>[m]``: where each item starts in its row, the items of a row one after another
+    (``row_of`` non-decreasing)."""
+    ends = np.cumsum(sizes)
+    first = np.searchsorted(row_of, row_of, side="left")  # the row's first item
+    return ends - sizes - (ends[first] - sizes[first])
+
+
+def _pack_predictions(features, members, row_of, start, num_rows) -> dict[str, np.ndarray]:
+    """The ``masked_lm_*`` features of the rows (``pack_features``)."""
+    predicted = np.asarray(features["masked_lm_weights"])[members] > 0  # [m, P]
+    preds = predicted.shape[1]
+    count = predicted.sum(axis=1)
+    filled = _offsets_within_rows(count, row_of)
+    if np.any(filled + count > preds):
+        raise DataError(
+            f"packed row {int(row_of[filled + count > preds][0])} exceeds {preds} predictions"
+        )
+    rank = np.cumsum(predicted, axis=1) - 1
+    rows, columns = np.nonzero(predicted)
+    target = (row_of[rows], filled[rows] + rank[rows, columns])
+    out = {}
+    for name in PREDICTION_FEATURES:
+        value = np.asarray(features[name])
+        out[name] = np.zeros((num_rows, preds), value.dtype)
+        out[name][target] = value[members][rows, columns]
+    out["masked_lm_positions"][target] += start[rows].astype(out["masked_lm_positions"].dtype)
+    out["masked_lm_weights"][target] = 1
+    return out
+
+
+# What ``pack_features`` adds to a row (the batch contract's packed row).
+ROW_FEATURES = ("positions", "sequence_ids", "cls_positions", "instance_weights")
+PREDICTION_FEATURES = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")

@@ -21,25 +21,28 @@ Google's ``create_pretraining_data.py`` (or ours) load unchanged:
   the pipeline's own throughput from it (``bertjax.training.loop``, ``host_rate``).
 
 **The packed row** (``data.pack_sequences``; sequence packing without cross-contamination,
-Krell et al. 2021; ``bertjax.data.packing``; made online by ``pack_table`` below, or read from
-TFRecords written by ``create_pretraining_data --pack_sequences``): a row holds up to
+Krell et al. 2021; built by ``bertjax.data.packing.pack_features``, the one builder of
+pretraining, fine-tuning and feature extraction; made online by ``pack_table`` below, or read
+from TFRecords written by ``create_pretraining_data --pack_sequences``): a row holds up to
 ``K`` = ``data.max_sequences_per_pack`` whole instances one after another, then padding. The
 features above keep their meaning over the row: ``input_ids``, ``segment_ids`` (each instance's
 token types), ``input_mask`` (1 on every instance's tokens); ``masked_lm_*`` hold all instances'
 predictions as row positions, increasing, then 0, in the same ``P`` (the packer never puts more
-than ``P`` predictions in a row). It adds:
+than ``P`` predictions in a row). It adds, with the same names in every packed row:
 
 * ``positions <int32>[B, L]``: position ids, restarting at 0 for each instance (0 on padding).
 * ``sequence_ids <int32>[B, L]``: 1..k for the row's k instances in order, 0 on padding.
-* ``next_sentence_positions <int32>[B, K]``: each instance's [CLS] row position, then 0.
-* ``next_sentence_labels <int32>[B, K]``: each instance's NSP label (convention above), then 0.
-* ``next_sentence_weights <float32>[B, K]``: 1.0 for real instances, 0.0 for list padding.
+* ``cls_positions <int32>[B, K]``: each instance's first token ([CLS]) row position, then 0.
+* ``instance_weights <float32>[B, K]``: 1.0 for real instances, 0.0 for empty slots.
+* per-instance labels ``[B, K]``, then 0: here ``next_sentence_labels <int32>[B, K]`` (the
+  convention above); a fine-tuning task's ``label_ids`` (``bertjax.finetune.packed``; a
+  tagger's labels are per token, ``[B, L]``).
 
 Each instance attends only to itself (``bertjax.model.attention``), reads its own position
 embeddings, pools its own [CLS] for NSP, and predicts only its own masked tokens, so a packed
 row computes exactly what its instances would alone. A row without ``sequence_ids`` (every
 record made by Google's script, or ours without packing) is one instance: ``sequence_ids`` =
-``input_mask``, ``positions`` = 0..L-1, ``next_sentence_positions`` = [0], weights [1]
+``input_mask``, ``positions`` = 0..L-1, ``cls_positions`` = [0], weights [1]
 (``bertjax.pretrain.objective`` reads both forms).
 
 With ``data.objective == "ltr"`` (left-to-right ablation) inputs are not masked and
@@ -107,7 +110,7 @@ FEATURES = (
 # What the train step reads; ``example_weight`` (0 for eval padding rows) is eval-only.
 STEP_FEATURES = tuple(name for name in FEATURES if name != "example_weight")
 # What a packed row adds (the docstring's packed row; next_sentence_labels is then [B, K]).
-PACKED_FEATURES = ("positions", "sequence_ids", "next_sentence_positions", "next_sentence_weights")
+PACKED_FEATURES = packing.ROW_FEATURES
 HOST_SECONDS = "host_seconds"  # the batch's host work (module docstring); not a model input
 
 
@@ -269,7 +272,7 @@ def instances_per_row(data_config, seed: int) -> float:
         files, pack_size = tfrecords.record_layout(data_config, split="train")
         parse = tfrecords.parser(data_config, pack_size)
         records = tf.data.TFRecordDataset(files).take(COUNTED_RECORDS).batch(1024).map(parse)
-        counts = [b["next_sentence_weights"].sum(axis=1) for b in records.as_numpy_iterator()]
+        counts = [b["instance_weights"].sum(axis=1) for b in records.as_numpy_iterator()]
         return float(np.concatenate(counts).mean())
     tokenizer = sources.create_tokenizer(data_config)
     table = sources.open_or_build(data_config, tokenizer, "train", seed)
@@ -328,7 +331,7 @@ def _batch_fn(
             first = np.concatenate([[0], np.cumsum(real.sum(axis=1))])
             groups = [list(range(first[b], first[b + 1])) for b in range(batch_size)]
             features = packing.pack_features(unpacked, groups, packs.shape[1])
-            features["next_sentence_weights"] *= valid[:, None]
+            features["instance_weights"] *= valid[:, None]
         features["masked_lm_weights"] *= valid[:, None]
         features["example_weight"] = valid.astype(np.float32)
         features[HOST_SECONDS] = np.float32(time.thread_time() - began)
@@ -364,12 +367,12 @@ def _output_signature(batch_size, data_config):
         shapes.update(
             positions=[batch_size, length],
             sequence_ids=[batch_size, length],
-            next_sentence_positions=[batch_size, k],
+            cls_positions=[batch_size, k],
             next_sentence_labels=[batch_size, k],
-            next_sentence_weights=[batch_size, k],
+            instance_weights=[batch_size, k],
         )
     dtypes = {name: tf.int32 for name in shapes}
-    for name in ("masked_lm_weights", "example_weight", "next_sentence_weights", HOST_SECONDS):
+    for name in ("masked_lm_weights", "example_weight", "instance_weights", HOST_SECONDS):
         dtypes[name] = tf.float32
     return shapes, dtypes
 

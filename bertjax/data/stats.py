@@ -61,8 +61,8 @@ class Accumulator:
         at_positions = np.take_along_axis(ids, positions, axis=1)
         c = self.counts
         labels_nsp = np.asarray(batch["next_sentence_labels"])[rows]
-        if "sequence_ids" in batch:  # packed: count instances by their NSP list weights
-            real_instances = np.asarray(batch["next_sentence_weights"])[rows] > 0
+        if "sequence_ids" in batch:  # packed: count instances by their slots
+            real_instances = np.asarray(batch["instance_weights"])[rows] > 0
         else:
             real_instances = np.ones(labels_nsp.shape, dtype=bool)
         c["examples"] += int(real_instances.sum())

@@ -9,10 +9,13 @@ A **packed** record (``create_pretraining_data --pack_sequences``; the packed ro
 ``bertjax.data.pipeline``'s batch contract, ``bertjax.data.packing``) has those features with
 their meaning over the row, ``masked_lm_*`` holding every instance's predictions as row
 positions, ``next_sentence_labels`` with ``K`` values (int64 ``[K]``, one per instance, then 0),
-and adds ``positions``, ``sequence_ids`` (int64 ``[L]``), ``next_sentence_positions`` (int64
-``[K]``) and ``next_sentence_weights`` (float ``[K]``). Records are read as packed when the first
-one has ``sequence_ids``, with ``K`` the length of its ``next_sentence_labels``; a record without
-``sequence_ids`` (every record of Google's script, or ours unpacked) is one instance.
+and adds the packed row's names: ``positions``, ``sequence_ids`` (int64 ``[L]``),
+``cls_positions`` (int64 ``[K]``) and ``instance_weights`` (float ``[K]``). Records are read as
+packed when the first one has ``sequence_ids``, with ``K`` the length of its
+``next_sentence_labels``; a record without ``sequence_ids`` (every record of Google's script, or
+ours unpacked) is one instance. Packed records of bertjax before the packed row had one set of
+names (``next_sentence_positions``/``next_sentence_weights``) are a one-line error naming the
+file: rebuild them.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ _LENGTH_KEYS = {
 }
 
 
-PACKED_INT_FEATURES = ("positions", "sequence_ids", "next_sentence_positions")
+PACKED_INT_FEATURES = ("positions", "sequence_ids", "cls_positions")
+# The packed features of records written before the packed row had one set of names.
+_EARLIER_PACKED_FEATURES = ("next_sentence_positions", "next_sentence_weights")
 
 
 def feature_spec(
@@ -55,9 +60,9 @@ def feature_spec(
             **feature_spec(length, preds),
             "positions": tf.io.FixedLenFeature([length], tf.int64),
             "sequence_ids": tf.io.FixedLenFeature([length], tf.int64),
-            "next_sentence_positions": tf.io.FixedLenFeature([k], tf.int64),
+            "cls_positions": tf.io.FixedLenFeature([k], tf.int64),
             "next_sentence_labels": tf.io.FixedLenFeature([k], tf.int64),
-            "next_sentence_weights": tf.io.FixedLenFeature([k], tf.float32),
+            "instance_weights": tf.io.FixedLenFeature([k], tf.float32),
         }
     return {
         "input_ids": tf.io.FixedLenFeature([length], tf.int64),
@@ -119,7 +124,7 @@ def serialize_rows(features: dict[str, np.ndarray]) -> list[bytes]:
     rows = len(features["input_ids"])
     packed = "sequence_ids" in features
     int_names = (*INT_FEATURES, "next_sentence_labels", *(PACKED_INT_FEATURES if packed else ()))
-    float_names = ("masked_lm_weights", *(("next_sentence_weights",) if packed else ()))
+    float_names = ("masked_lm_weights", *(("instance_weights",) if packed else ()))
     payloads = {
         name: _packed_varints(np.asarray(features[name]).reshape(rows, -1)) for name in int_names
     }
@@ -159,7 +164,7 @@ def record_layout(data_config, split: str = "train") -> tuple[list[str], int | N
         features = tf.train.Example.FromString(first).features.feature
     except DecodeError:
         raise DataError(f"{path}: the first record is not a tf.train.Example") from None
-    pack_size = _pack_size(features)
+    pack_size = _pack_size(features, path)
     spec = feature_spec(data_config.max_seq_length, data_config.max_predictions_per_seq, pack_size)
     for name, feature in spec.items():
         if name not in features:
@@ -181,10 +186,18 @@ def record_layout(data_config, split: str = "train") -> tuple[list[str], int | N
     return files, pack_size
 
 
-def _pack_size(features) -> int | None:
-    """A record's ``K`` if it is packed (it has ``sequence_ids``: the length of its NSP list)."""
+def _pack_size(features, path: str) -> int | None:
+    """A record's ``K`` if it is packed (it has ``sequence_ids``: the length of its NSP list);
+    DataError naming ``path`` for a packed record of the earlier names."""
     if "sequence_ids" not in features:
         return None
+    earlier = [name for name in _EARLIER_PACKED_FEATURES if name in features]
+    if earlier:
+        raise DataError(
+            f"{path}: packed records of an earlier bertjax ({', '.join(earlier)}; the packed row "
+            "now has cls_positions and instance_weights): rebuild them with "
+            "create_pretraining_data --pack_sequences"
+        )
     return len(features["next_sentence_labels"].int64_list.value)
 
 
@@ -192,10 +205,10 @@ def pack_size_of(files: list[str]) -> int | None:
     """``K`` of the records in ``files`` (read from the first), None when they are unpacked."""
     import tensorflow as tf
 
-    first = _first_record(files)[1]
-    return (
-        None if first is None else _pack_size(tf.train.Example.FromString(first).features.feature)
-    )
+    path, first = _first_record(files)
+    if first is None:
+        return None
+    return _pack_size(tf.train.Example.FromString(first).features.feature, path)
 
 
 def parser(data_config, max_sequences_per_pack: int | None = None):

@@ -16,10 +16,11 @@ popping from the longer side (``B`` on ties), a single sequence to ``max_seq_len
 
 ``--checkpoint`` is a bertjax params-only checkpoint or a HF directory (converted in memory by
 ``bertjax.interop``). The forward pass is jitted once for ``[batch_size, max_seq_length]``; the
-last batch is padded. With ``--pack_sequences`` each row holds up to ``--max_sequences_per_pack``
-whole examples (``bertjax.data.packing``, over windows of ``batch_size * max_sequences_per_pack *
-4`` examples in input order), each attending only to itself with its own positions (the packed
-row of ``bertjax.data.pipeline``), and the output is what it is unpacked: the same lines, in the
+last batch is padded. Rows are the packed row of ``bertjax.data.pipeline`` (built by its one
+builder, ``bertjax.data.packing.pack_features``), one example each; with ``--pack_sequences`` up
+to ``--max_sequences_per_pack`` whole examples (``bertjax.data.packing.pack``, over windows of
+``batch_size * max_sequences_per_pack * 4`` examples in input order), each attending only to
+itself with its own positions, and the output is what it is unpacked: the same lines, in the
 same order, every value equal up to float32 rounding (``tests/commands/extract_features_test``).
 The output file is written atomically (``bertjax.atomic``). Every path may be on ``gs://``.
 """
@@ -122,40 +123,50 @@ def _forward(config: BertConfig, layers: tuple[int, ...], params, input_ids, seg
     return jnp.stack([out.hidden_states[p] for p in layers], axis=1).astype(jnp.float32)
 
 
-def _rows(features: list[Feature], batch_size: int, max_seq_length: int, pack: int):
-    """Rows of examples: one each, or packs of up to ``pack`` (``bertjax.data.packing``) over
-    windows of ``batch_size * pack * 4`` examples, in input order within each window."""
-    if not pack:
-        return [[f] for f in features]
+_INPUTS = ("input_ids", "segment_ids", "sequence_ids", "positions")  # what _forward reads
+
+
+def _windows(features: list[Feature], batch_size: int, max_seq_length: int, pack: int):
+    """Yields (rows, arrays) per window of ``batch_size * pack * 4`` examples: ``rows`` the
+    examples of each row, one each or up to ``pack`` (``bertjax.data.packing.pack``, in input
+    order within the window), and ``arrays`` the packed row's ``_INPUTS`` of those rows,
+    ``<int32>[R, L]`` (``bertjax.data.packing.pack_features``, the one builder)."""
     from bertjax.data import packing  # noqa: PLC0415
 
-    rows, window = [], batch_size * pack * 4
+    k = max(pack, 1)
+    window = batch_size * k * 4
     for start in range(0, len(features), window):
         chunk = features[start : start + window]
-        lengths = np.array([len(f.input_ids) for f in chunk])
+        unpacked = {name: np.zeros((len(chunk), max_seq_length), np.int32)
+                    for name in ("input_ids", "segment_ids", "input_mask")}  # fmt: skip
+        for i, feature in enumerate(chunk):
+            n = len(feature.input_ids)
+            unpacked["input_ids"][i, :n] = feature.input_ids
+            unpacked["segment_ids"][i, :n] = feature.segment_ids
+            unpacked["input_mask"][i, :n] = 1
+        lengths = unpacked["input_mask"].sum(axis=1)
         no_predictions = np.zeros_like(lengths)  # nothing is masked here: only L and K bind
-        for group in packing.pack(lengths, no_predictions, max_seq_length, pack, 1):
-            rows.append([chunk[i] for i in group])
-    return rows
+        groups = packing.pack(lengths, no_predictions, max_seq_length, k, 1)
+        arrays = packing.pack_features(unpacked, groups, k)
+        yield [[chunk[i] for i in group] for group in groups], [arrays[n] for n in _INPUTS]
 
 
-def _batches(rows: list[list[Feature]], batch_size: int, max_seq_length: int):
-    """Yields (rows, arrays): ``arrays`` = ids, segment ids, sequence ids and positions, each
-    <int32>[batch_size, max_seq_length] (the last batch padded with empty rows)."""
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        arrays = np.zeros((4, batch_size, max_seq_length), np.int32)
-        for row, examples in enumerate(chunk):
-            offset = 0
-            for k, feature in enumerate(examples):
-                n = len(feature.input_ids)
-                span = slice(offset, offset + n)
-                arrays[0, row, span] = feature.input_ids
-                arrays[1, row, span] = feature.segment_ids
-                arrays[2, row, span] = k + 1  # sequence ids
-                arrays[3, row, span] = np.arange(n)  # positions
-                offset += n
-        yield chunk, arrays
+def _batches(windows, batch_size: int):
+    """Windows (``_windows``) -> (rows, arrays) of ``batch_size`` rows each, ``arrays`` the
+    ``_INPUTS`` ``<int32>[batch_size, L]`` (the last batch padded with empty rows)."""
+    rows, arrays = [], None
+    for window_rows, window_arrays in windows:
+        rows += window_rows
+        if arrays is None:
+            arrays = window_arrays
+        else:
+            arrays = [np.concatenate(pair) for pair in zip(arrays, window_arrays, strict=True)]
+        while len(rows) >= batch_size:
+            yield rows[:batch_size], np.stack([a[:batch_size] for a in arrays])
+            rows, arrays = rows[batch_size:], [a[batch_size:] for a in arrays]
+    if rows:
+        padding = ((0, batch_size - len(rows)), (0, 0))
+        yield rows, np.stack([np.pad(a, padding) for a in arrays])
 
 
 def _json_line(feature: Feature, activations: np.ndarray, layers: list[int]) -> str:
@@ -210,11 +221,11 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     mesh = sh.create_mesh((1, 1, 1), jax.devices()[:1])
     shapes = self_check.Shapes(max_seq_length, packed=max_sequences_per_pack if pack else 0)
     config = kernel_check.checked(sh.bert_config_for(conv.config, mesh), mesh, shapes)
-    rows = _rows(features, batch_size, max_seq_length, max_sequences_per_pack if pack else 0)
+    windows = _windows(features, batch_size, max_seq_length, max_sequences_per_pack if pack else 0)
     done: dict[int, str] = {}  # lines computed ahead of their turn (packing reorders a window)
     written = 0
     with atomic.writer(output_file, "w") as f:
-        for chunk, arrays in _batches(rows, batch_size, max_seq_length):
+        for chunk, arrays in _batches(windows, batch_size):
             out = np.asarray(_forward(config, positions, params, *arrays))
             for row, examples in enumerate(chunk):
                 offset = 0

@@ -199,7 +199,7 @@ def train_batches(
                 began = time.thread_time()
                 index = order[i * batch_size : (i + 1) * batch_size][mine]
                 batch = {k: v[index] for k, v in features.arrays.items()}
-                if "example_weights" not in batch:  # packed rows carry theirs, [rows, K]
+                if "instance_weights" not in batch:  # packed rows carry theirs, [rows, K]
                     batch["example_weights"] = np.ones((rows,), np.float32)
                 # The batch contract's host work (bertjax.data.pipeline): tokenizing was done
                 # once, before training, so a batch costs only this gather.

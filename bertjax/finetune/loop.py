@@ -93,23 +93,11 @@ def _pack_width(config) -> int:
 
 
 def _packed_batches(config, mesh, train: packed.Packed):
-    """``config`` with ``batch_size`` and ``eval_batch_size`` in rows (``packed.rows_per_batch``
-    at the train split's examples per row); prints them once."""
-    multiple = packed.multiple_of(sh.num_batch_shards(mesh), jax.process_count())
-    resolved = config.copy_and_resolve_references()
-    per_row = train.examples_per_row
-    for field in ("global_batch_size", "eval_batch_size"):
-        resolved.train[field] = packed.rows_per_batch(int(config.train[field]), per_row, multiple)
-    if jax.process_index() == 0:
-        print(
-            f"packing: {per_row:.3f} examples per row on average ({train.num_features} in "
-            f"{len(train.rows)} rows): train.global_batch_size={config.train.global_batch_size} "
-            f"examples -> {resolved.train.global_batch_size} rows per step, "
-            f"train.eval_batch_size={config.train.eval_batch_size} -> "
-            f"{resolved.train.eval_batch_size} rows",
-            flush=True,
-        )
-    return resolved
+    """``config`` with ``batch_size`` and ``eval_batch_size`` in rows at the train split's
+    examples per row (``sharding.packed_batch_sizes``, the resolver pretraining uses too)."""
+    return sh.packed_batch_sizes(
+        config, mesh, jax.process_count(), train.examples_per_row, unit="examples"
+    )
 
 
 def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
@@ -172,9 +160,9 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
         k: jax.ShapeDtypeStruct((config.train.global_batch_size, *v.shape[1:]), v.dtype)
         for k, v in example.items()
     }
-    train_batch.setdefault(
-        "example_weights", jax.ShapeDtypeStruct((config.train.global_batch_size,), np.float32)
-    )
+    if "instance_weights" not in train_batch:  # unpacked rows: one example each
+        rows = config.train.global_batch_size
+        train_batch["example_weights"] = jax.ShapeDtypeStruct((rows,), np.float32)
     trainer = compiled.build_trainer(
         objective,
         optimizer.create_optimizer(opt_config, num_steps),

@@ -10,8 +10,8 @@ examples divided by a count over the whole global batch (so accumulation gives t
 softmax cross entropy per example (classification, multiple choice), squared error (regression),
 the mean of the start and end cross entropies (spans), cross entropy per first word piece
 (tagging). Padded examples carry ``example_weights`` 0. Packed rows (``bertjax.finetune.packed``:
-``FineTuning.packed``) carry ``example_weights`` <float32>[B, K], one per example, and give the
-same sums over the same examples.
+``FineTuning.packed``) carry the packed row's ``instance_weights`` <float32>[B, K], one per
+example, and give the same sums over the same examples.
 
 :class:`Predictor` runs the model over every feature of a split, in order: every process holds the
 whole (small) split and places only the shards of its own devices
@@ -55,9 +55,15 @@ def model_input_specs(example: dict) -> list[jax.ShapeDtypeStruct]:
     return [jax.ShapeDtypeStruct((1, *example[k].shape[1:]), np.int32) for k in MODEL_INPUTS]
 
 
+def example_weights(batch: dict) -> jax.Array:
+    """1 per example, 0 for padding: ``example_weights`` <float32>[B] of unpacked rows, or the
+    packed row's ``instance_weights`` <float32>[B, K]."""
+    return batch["instance_weights" if "instance_weights" in batch else "example_weights"]
+
+
 def task_loss(head: str, logits: jax.Array, batch: dict) -> tuple[jax.Array, jax.Array]:
-    """(loss sum, weight sum) of one batch; padded examples have ``example_weights`` 0."""
-    weights = batch["example_weights"]
+    """(loss sum, weight sum) of one batch; padded examples have weight 0 (``example_weights``)."""
+    weights = example_weights(batch)
     if head == "regression":
         return jnp.sum(weights * (logits[..., 0] - batch["label_ids"]) ** 2), jnp.sum(weights)
     if head == "span":
@@ -75,7 +81,7 @@ def task_loss(head: str, logits: jax.Array, batch: dict) -> tuple[jax.Array, jax
 def _token_weights(batch: dict) -> jax.Array:
     """Tagging's weights per token: ``label_weights`` times its example's weight (in a packed row,
     the weight of the slot its ``sequence_ids`` names)."""
-    weights = batch["example_weights"].astype(jnp.float32)
+    weights = example_weights(batch).astype(jnp.float32)
     if "sequence_ids" in batch:  # [B, K] -> [B, L]: slot 0 is padding, weight 0
         slots = jnp.concatenate([jnp.zeros_like(weights[:, :1]), weights], axis=1)
         return batch["label_weights"] * jnp.take_along_axis(slots, batch["sequence_ids"], axis=1)
@@ -86,7 +92,7 @@ def _task_weights(head: str, batch: dict) -> jax.Array:
     """What ``task_loss`` counts: examples, or labelled first word pieces for tagging."""
     if head == "tagging":
         return _token_weights(batch)
-    return batch["example_weights"].astype(jnp.float32)
+    return example_weights(batch).astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)

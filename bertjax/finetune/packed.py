@@ -4,8 +4,9 @@ With ``config.data.pack_sequences`` the sentence(-pair) tasks, GLUE classificati
 and CoNLL NER tagging, put up to ``K = config.data.max_sequences_per_pack`` features in one row of
 ``L = config.data.max_seq_length`` tokens: best-fit decreasing (``bertjax.data.packing.pack``) over
 the whole split, once. Each feature keeps its own [CLS], its own positions from 0, and attends
-only to itself (the packed-row layout of pretraining, ``bertjax.data.pipeline``'s "The packed
-row", without cross-contamination), so the model gives every feature what it gives the feature
+only to itself: the packed row of pretraining (``bertjax.data.pipeline``'s "The packed row",
+without cross-contamination), built by the same builder with the same names
+(``bertjax.data.packing.pack_features``), so the model gives every feature what it gives the feature
 alone. SQuAD and SWAG stay unpacked: their windows (384 tokens with a doc stride) and their
 four-choice rows are mostly full already.
 
@@ -16,7 +17,7 @@ four-choice rows are mostly full already.
     positions               <int32>[R, L]   0, 1, ... within each feature
     sequence_ids            <int32>[R, L]   1..k per feature, 0 on padding: the attention mask
     cls_positions           <int32>[R, K]   each feature's [CLS] (its first token); 0 when empty
-    example_weights         <float32>[R, K] 1 per feature, 0 on an empty slot
+    instance_weights        <float32>[R, K] 1 per feature, 0 on an empty slot
     label_ids               classification <int32>[R, K], regression <float32>[R, K],
                             tagging <int32>[R, L] (at the tokens' row positions)
     label_weights           tagging only: <float32>[R, L]
@@ -27,17 +28,17 @@ four-choice rows are mostly full already.
 and prediction writers read unchanged.
 
 **Batches count examples.** ``config.train.global_batch_size`` and
-``config.train.eval_batch_size`` stay examples (the paper's 32): ``rows_per_batch`` turns them
-into the rows that hold that many on average, rounded to a multiple of the data shards and
-processes. Each epoch shuffles the rows (they are packed once), so the steps per epoch are
-``rows / rows per step``, the same number of examples as unpacked; the loss is the mean over the
-step's examples, as unpacked.
+``config.train.eval_batch_size`` stay examples (the paper's 32): the one resolver of packed
+batch sizes, pretraining's too (``bertjax.training.sharding.packed_batch_sizes``), turns them into
+the rows that hold that many on average, rounded to a multiple of the data shards x
+micro-batches and of the processes. Each epoch shuffles the rows (they are packed once), so the
+steps per epoch are ``rows / rows per step``, the same number of examples as unpacked; the loss
+is the mean over the step's examples, as unpacked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -78,41 +79,17 @@ def check(config, head: str) -> None:
 
 
 def pack(features: Features, head: str, max_sequences_per_pack: int) -> Packed:
-    """The split's features (``bertjax.finetune.tasks``' layout, ``[N, L]``) in packed rows."""
+    """The split's features (``bertjax.finetune.tasks``' layout, ``[N, L]``) in packed rows
+    (``bertjax.data.packing.pack_features``, the packed row's builder and names)."""
     arrays = features.arrays
     input_mask = np.asarray(arrays["input_mask"])
     n, length = input_mask.shape
-    k = int(max_sequences_per_pack)
     lengths = input_mask.sum(axis=1).astype(np.int64)
-    rows = packing.pack(lengths, np.zeros(n, np.int64), length, k, 1) if n else []
-    r = len(rows)
-    out = {
-        **{name: np.zeros((r, length), np.int32) for name in _TOKEN_INPUTS},
-        "cls_positions": np.zeros((r, k), np.int32),
-        "example_weights": np.zeros((r, k), np.float32),
-    }
-    tagging = head == "tagging"
-    labels = np.asarray(arrays["label_ids"])
-    out["label_ids"] = np.zeros((r, length) if tagging else (r, k), labels.dtype)
-    if tagging:
-        out["label_weights"] = np.zeros((r, length), np.float32)
-    for row_index, row in enumerate(rows):
-        start = 0
-        for slot, i in enumerate(row):
-            m = int(lengths[i])
-            tokens = slice(start, start + m)
-            for name in ("input_ids", "segment_ids", "input_mask"):
-                out[name][row_index, tokens] = arrays[name][i, :m]
-            out["positions"][row_index, tokens] = np.arange(m)
-            out["sequence_ids"][row_index, tokens] = slot + 1
-            out["cls_positions"][row_index, slot] = start
-            out["example_weights"][row_index, slot] = 1.0
-            if tagging:
-                out["label_ids"][row_index, tokens] = labels[i, :m]
-                out["label_weights"][row_index, tokens] = arrays["label_weights"][i, :m]
-            else:
-                out["label_ids"][row_index, slot] = labels[i]
-            start += m
+    rows = packing.pack(lengths, np.zeros(n, np.int64), length, max_sequences_per_pack, 1)
+    names = ("input_ids", "segment_ids", "input_mask", "label_ids")
+    names += ("label_weights",) if head == "tagging" else ()  # labels per token: [N, L]
+    unpacked = {name: arrays[name] for name in names}
+    out = packing.pack_features(unpacked, rows, max_sequences_per_pack)
     return Packed(Features(out, skipped=features.skipped), rows, n)
 
 
@@ -132,16 +109,3 @@ def unpack(head: str, outputs: np.ndarray, packed: Packed, length: int) -> np.nd
             tokens = sequence_ids[row_index] == slot + 1
             result[i, : int(tokens.sum())] = outputs[row_index, tokens]
     return result
-
-
-def rows_per_batch(examples: int, examples_per_row: float, multiple: int) -> int:
-    """The rows that hold ``examples`` on average: a multiple of ``multiple``, at least one."""
-    return max(multiple, round(examples / examples_per_row / multiple) * multiple)
-
-
-def multiple_of(shards: int, processes: int) -> int:
-    """The least row count every data shard and process divides."""
-    return shards * processes // math.gcd(shards, processes)
-
-
-_TOKEN_INPUTS = ("input_ids", "segment_ids", "input_mask", "positions", "sequence_ids")

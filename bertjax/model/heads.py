@@ -150,18 +150,17 @@ class BertForPreTraining(nn.Module):
         *,
         deterministic: bool = True,
         positions=None,
-        next_sentence_positions=None,
+        cls_positions=None,
     ) -> PreTrainingOutput:
         """<int32>[B, L] x3, <int32>[B, P] -> PreTrainingOutput.
 
         A packed batch (``bertjax.data.pipeline``'s packed row) passes its ``sequence_ids`` as
-        ``input_mask``, its ``positions``, and ``next_sentence_positions`` <int32>[B, K], the
-        instances' [CLS] positions: NSP then pools each and gives <float32>[B, K, 2].
+        ``input_mask``, its ``positions``, and ``cls_positions`` <int32>[B, K], the instances'
+        [CLS] positions: NSP then pools each and gives <float32>[B, K, 2].
         """
-        packed = next_sentence_positions is not None
-        cls_positions = (
-            next_sentence_positions if packed else jnp.zeros_like(masked_lm_positions[:, :1])
-        )
+        packed = cls_positions is not None
+        if not packed:
+            cls_positions = jnp.zeros_like(masked_lm_positions[:, :1])
         k = cls_positions.shape[1]
         read = self.encoder(
             input_ids,

@@ -47,7 +47,7 @@ def pretraining_sums(mlm_logits, nsp_logits, batch) -> dict[str, jax.Array]:
       nsp_logits: <float32>[B, 2], or [B, K, 2] for a packed batch (one per instance).
       batch: the pretraining batch dict (``masked_lm_ids <int32>[B, P]``, ``masked_lm_weights
         <float32>[B, P]``, ``next_sentence_labels <int32>[B]`` or [B, K] with
-        ``next_sentence_weights <float32>[B, K]`` when packed; optional ``example_weight
+        ``instance_weights <float32>[B, K]`` when packed; optional ``example_weight
         <float32>[B]`` that zeroes padding rows of an eval batch).
 
     Returns:
@@ -56,20 +56,20 @@ def pretraining_sums(mlm_logits, nsp_logits, batch) -> dict[str, jax.Array]:
     """
     mlm = weighted_cross_entropy(mlm_logits, batch["masked_lm_ids"], batch["masked_lm_weights"])
     labels = batch["next_sentence_labels"].reshape(-1)
-    nsp_weights = example_weights(batch)
+    nsp_weights = instance_weights(batch)
     nsp = weighted_cross_entropy(nsp_logits.reshape(-1, 2), labels, nsp_weights)
     out = {f"mlm_{k}": v for k, v in mlm.items()}
     out.update({f"nsp_{k}": v for k, v in nsp.items()})
     return out
 
 
-def example_weights(batch) -> jax.Array:
+def instance_weights(batch) -> jax.Array:
     """<float32>[B] (or [B * K] for a packed batch): 1 per real instance, 0 for a packed row's
-    list padding (``next_sentence_weights``) and for padding rows of a finite eval stream."""
+    empty slots (``instance_weights``) and for padding rows of a finite eval stream."""
     labels = batch["next_sentence_labels"]
     weights = jnp.ones(labels.shape, jnp.float32)
-    if "next_sentence_weights" in batch:
-        weights = batch["next_sentence_weights"].astype(jnp.float32)
+    if "instance_weights" in batch:
+        weights = batch["instance_weights"].astype(jnp.float32)
     if "example_weight" in batch:
         row = batch["example_weight"].astype(jnp.float32)
         weights = weights * row.reshape(row.shape + (1,) * (weights.ndim - 1))

@@ -32,7 +32,9 @@ _LIBTPU_NOISE = re.compile(
 
 def steps_for_slice(config, topology: str):
     """-> (slice, steps, train step args, eval step args): ``config``'s steps (``build_steps``)
-    on a mesh over ``topology``'s TPU devices, with abstract sharded arguments to lower them."""
+    on a mesh over ``topology``'s TPU devices, with abstract sharded arguments to lower them; a
+    packed config's batch sizes in rows, as ``bertjax.main`` resolves them
+    (``bertjax.pretrain.inputs.resolve_packed_batch``)."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: not on a TPU VM
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only, never running
     from jax.experimental import topologies  # noqa: PLC0415 - after the environment is set
@@ -46,6 +48,8 @@ def steps_for_slice(config, topology: str):
         **tpu.topology_options(),
     ).devices
     mesh = sh.create_mesh(config.mesh.shape, devices)
+    # A packed config's batch counts instances: the rows main runs (the data is read for them).
+    config = inputs.resolve_packed_batch(config, mesh, tpu.hosts, announce=False)
     inputs.check_config(config, objective_lib.bert_config_from(config), mesh, tpu.hosts)
     steps = objective_lib.build_steps(config, mesh)
     return (tpu, steps, *report_lib.abstract_args(steps.trainer, steps.eval_batch))
@@ -71,7 +75,7 @@ def compile_for(config, topology: str) -> dict:
         "topology": tpu.name, "jax_topology": tpu.topology_name, "chip": tpu.chip.name,
         "chips": tpu.chips, "hosts": tpu.hosts, "mesh": dict(steps.trainer.mesh.shape),
         "hbm_bytes_per_chip": hbm, "fits": train_oom is None and eval_oom is None,
-        "model_flops_per_step": per_sequence * int(config.train.global_batch_size),
+        "model_flops_per_step": per_sequence * int(batch["input_ids"].shape[0]),  # rows
         "compile_seconds": {"train": round(train_seconds, 1), "eval": round(eval_seconds, 1)},
         "params_bytes": per_chip(abstract.params, shardings.params),
         "optimizer_state_bytes": per_chip(abstract.opt_state, shardings.opt_state),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 
 import jax
 import numpy as np
@@ -29,16 +28,16 @@ from bertjax.training import sharding as sh
 # ---------------------------------------------------------------- checks before compiling
 
 
-def resolve_packed_batch(config, mesh: Mesh, process_count: int):
+def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool = True):
     """With ``data.pack_sequences`` the batch sizes count **instances**, the paper's batch
-    (256 sequences): ``train.global_batch_size`` and ``train.eval_batch_size`` become the rows
-    that hold that many on average, ``instances / the data's mean instances per row``
-    (``bertjax.data.pipeline.instances_per_row``: exact for the online pipeline, counted for
-    packed TFRecords), rounded to a multiple of the data shards x micro-batches and of the
-    processes (at least one). The learning-rate schedule counts steps, so it is unchanged in
-    instances too. Returns ``config`` (unpacked or synthetic) or a resolved copy; prints the
-    rows once."""
-    if not config.data.get("pack_sequences", False):
+    (256 sequences): ``config`` with ``train.global_batch_size`` and ``train.eval_batch_size``
+    in rows at the data's mean instances per row (``bertjax.data.pipeline.instances_per_row``:
+    exact for the online pipeline, counted for packed TFRecords), through the one resolver
+    (``bertjax.training.sharding.packed_batch_sizes``). What ``bertjax.main`` runs and
+    ``bertjax.compile`` compiles. The learning-rate schedule counts steps, so it is unchanged in
+    instances too. Returns ``config`` (unpacked) or a resolved copy; ``announce``: print the
+    rows (``bertjax.compile --json`` prints only its report)."""
+    if not config.data.pack_sequences:
         return config
     if config.train.synthetic_data:
         raise ValueError("config.data.pack_sequences needs real data, not train.synthetic_data")
@@ -46,20 +45,7 @@ def resolve_packed_batch(config, mesh: Mesh, process_count: int):
 
     pipeline.check_data_config(config.data)
     per_row = pipeline.instances_per_row(config.data, int(config.seed))
-    shards = sh.num_batch_shards(mesh) * int(config.train.grad_accum_steps)
-    multiple = shards * process_count // math.gcd(shards, process_count)
-    resolved = config.copy_and_resolve_references()
-    for field in ("global_batch_size", "eval_batch_size"):
-        instances = int(config.train[field])
-        rows = max(multiple, round(instances / per_row / multiple) * multiple)
-        resolved.train[field] = rows
-        if jax.process_index() == 0 and field == "global_batch_size":
-            print(
-                f"packing: {per_row:.3f} instances per row on average: "
-                f"train.global_batch_size={instances} instances -> {rows} rows per step",
-                flush=True,
-            )
-    return resolved
+    return sh.packed_batch_sizes(config, mesh, process_count, per_row, announce=announce)
 
 
 def check_config(config, bert_config: BertConfig, mesh: Mesh, process_count: int) -> None:

@@ -68,7 +68,7 @@ class Pretraining:
     def normalizers(self, batch) -> dict:
         return {
             "mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "nsp": jnp.sum(losses.example_weights(batch)),
+            "nsp": jnp.sum(losses.instance_weights(batch)),
         }
 
     def sums(self, params, batch, dropout_rng) -> dict:
@@ -81,7 +81,7 @@ class Pretraining:
             deterministic=dropout_rng is None,
             rngs=None if dropout_rng is None else {"dropout": dropout_rng},
             positions=batch.get("positions"),
-            next_sentence_positions=batch.get("next_sentence_positions"),
+            cls_positions=batch.get("cls_positions"),
         )
         return losses.pretraining_sums(out.mlm_logits, out.nsp_logits, batch)
 
@@ -143,9 +143,9 @@ def abstract_batch(
         spec.update(
             positions=((global_batch, length), i32),
             sequence_ids=((global_batch, length), i32),
-            next_sentence_positions=((global_batch, pack), i32),
+            cls_positions=((global_batch, pack), i32),
             next_sentence_labels=((global_batch, pack), i32),
-            next_sentence_weights=((global_batch, pack), f32),
+            instance_weights=((global_batch, pack), f32),
         )
     if eval:
         spec["example_weight"] = ((global_batch,), f32)

@@ -174,6 +174,34 @@ def num_batch_shards(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
 
 
+def packed_batch_sizes(config, mesh: Mesh, process_count: int, instances_per_row: float,
+                       unit: str = "instances", announce: bool = True):  # fmt: skip
+    """The one resolver of packed batch sizes, for ``bertjax.main``, ``bertjax.compile``
+    (``bertjax.pretrain.inputs.resolve_packed_batch``) and fine-tuning.
+
+    With packed rows ``train.global_batch_size`` and ``train.eval_batch_size`` count instances
+    (the paper's 256 sequences, fine-tuning's 32 examples). -> a copy of ``config`` where they
+    are the rows that hold that many on average, ``instances / instances_per_row``, rounded to
+    a multiple of the data shards x micro-batches (``train.grad_accum_steps``) and of
+    ``process_count``, at least one such multiple. ``announce``: print them (process 0), naming
+    the ``unit`` the sizes count."""
+    multiple = math.lcm(num_batch_shards(mesh) * int(config.train.grad_accum_steps), process_count)
+    resolved = config.copy_and_resolve_references()
+    for field in ("global_batch_size", "eval_batch_size"):
+        rows = round(int(config.train[field]) / instances_per_row / multiple) * multiple
+        resolved.train[field] = max(multiple, rows)
+    if announce and jax.process_index() == 0:
+        print(
+            f"packing: {instances_per_row:.3f} {unit} per row on average: "
+            f"train.global_batch_size={config.train.global_batch_size} {unit} -> "
+            f"{resolved.train.global_batch_size} rows per step, "
+            f"train.eval_batch_size={config.train.eval_batch_size} -> "
+            f"{resolved.train.eval_batch_size} rows",
+            flush=True,
+        )
+    return resolved
+
+
 def put_global(value, sharding) -> jax.Array:
     """A host value every process holds whole -> a global array in ``sharding`` (each process
     places only the shards of its own devices; works across processes, unlike device_put)."""

@@ -120,7 +120,7 @@ def test_packed_rows_write_what_unpacked_rows_write(tmp_path):
     tokens = [_reference_tokens(tokenizer, line, 64)[0] for line in LINES * 3]
     features = [extract_features.Feature(i, t, [0] * len(t), [0] * len(t))
                 for i, t in enumerate(tokens)]  # fmt: skip
-    rows = extract_features._rows(features, 2, 64, 3)
+    rows = [row for rows, _ in extract_features._windows(features, 2, 64, 3) for row in rows]
     assert len(rows) < len(features) and max(len(r) for r in rows) == 3
     one, packed = (
         [json.loads(x) for x in (tmp_path / name).read_text().splitlines()]

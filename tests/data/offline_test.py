@@ -136,7 +136,7 @@ def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, 
     assert len(set(r.numpy() for r in records)) == len(records)  # no unit written twice
     if packing:  # packed indeed: some row holds several instances
         parsed = [tf.io.parse_single_example(r, _packed_features(3)) for r in records]
-        assert max(int(p["next_sentence_weights"].numpy().sum()) for p in parsed) > 1
+        assert max(int(p["instance_weights"].numpy().sum()) for p in parsed) > 1
 
 
 def _packed_features(k, length=LENGTH, predictions=PREDICTIONS):
@@ -144,9 +144,9 @@ def _packed_features(k, length=LENGTH, predictions=PREDICTIONS):
     spec = _original_input_fn_features(length, predictions)
     spec["positions"] = tf.io.FixedLenFeature([length], tf.int64)
     spec["sequence_ids"] = tf.io.FixedLenFeature([length], tf.int64)
-    spec["next_sentence_positions"] = tf.io.FixedLenFeature([k], tf.int64)
+    spec["cls_positions"] = tf.io.FixedLenFeature([k], tf.int64)
     spec["next_sentence_labels"] = tf.io.FixedLenFeature([k], tf.int64)
-    spec["next_sentence_weights"] = tf.io.FixedLenFeature([k], tf.float32)
+    spec["instance_weights"] = tf.io.FixedLenFeature([k], tf.float32)
     return spec
 
 
@@ -173,7 +173,7 @@ def _unpack(row, k, length, predictions):
     weights = row["masked_lm_weights"] > 0
     predicted = row["masked_lm_positions"][weights]
     assert np.all(np.diff(predicted) > 0) and np.all(ids[predicted] > 0)
-    assert np.array_equal(row["next_sentence_weights"], (np.arange(k) < count).astype(float))
+    assert np.array_equal(row["instance_weights"], (np.arange(k) < count).astype(float))
     assert np.all(row["next_sentence_labels"][count:] == 0)
     out = []
     for s in range(1, count + 1):
@@ -181,7 +181,7 @@ def _unpack(row, k, length, predictions):
         start, n = int(span[0]), len(span)
         assert np.array_equal(span, start + np.arange(n))  # contiguous
         assert np.array_equal(row["positions"][span], np.arange(n))  # positions restart
-        assert row["next_sentence_positions"][s - 1] == start  # its own [CLS]
+        assert row["cls_positions"][s - 1] == start  # its own [CLS]
         assert row["input_ids"][start] == 2 and row["input_ids"][start + n - 1] == 3
         mine = (ids[row["masked_lm_positions"]] == s) & weights  # no prediction crosses
         m = int(mine.sum())

@@ -71,7 +71,8 @@ def test_an_instance_over_the_bounds_is_an_error():
 
 
 def test_pack_features_builds_the_contracts_row():
-    # Three unpacked instances at L = 8, P = 3 (ids: CLS 2, SEP 3, MASK 4).
+    # Three unpacked instances at L = 8, P = 3 (ids: CLS 2, SEP 3, MASK 4), with a regression
+    # label per instance and a tagger's label per token beside the pretraining features.
     features = {
         "input_ids": np.array(
             [[2, 4, 3, 9, 3, 0, 0, 0], [2, 7, 3, 0, 0, 0, 0, 0], [2, 5, 4, 3, 0, 0, 0, 0]]
@@ -81,9 +82,13 @@ def test_pack_features_builds_the_contracts_row():
             [[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]]
         ),
         "masked_lm_positions": np.array([[1, 0, 0], [1, 0, 0], [2, 0, 0]]),
-        "masked_lm_ids": np.array([[8, 0, 0], [7, 0, 0], [6, 0, 0]]),
+        "masked_lm_ids": np.array([[8, 7, 0], [7, 0, 0], [6, 0, 0]]),
         "masked_lm_weights": np.array([[1.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0]]),
         "next_sentence_labels": np.array([0, 1, 1]),
+        "scores": np.array([0.5, 2.5, 4.0], np.float32),
+        "tags": np.array(
+            [[0, 5, 6, 7, 8, 9, 9, 9], [0, 4, 0, 9, 9, 9, 9, 9], [0, 3, 2, 1, 9, 9, 9, 9]]
+        ),
     }
     out = packing.pack_features(features, [[0, 1], [2]], max_sequences_per_pack=3)
     np.testing.assert_array_equal(
@@ -97,13 +102,21 @@ def test_pack_features_builds_the_contracts_row():
     np.testing.assert_array_equal(
         out["sequence_ids"], [[1, 1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 0, 0, 0, 0]]
     )
+    # Instance 0's second id slot (7) is list padding (weight 0): it is left out.
     np.testing.assert_array_equal(out["masked_lm_positions"], [[1, 6, 0], [2, 0, 0]])
     np.testing.assert_array_equal(out["masked_lm_ids"], [[8, 7, 0], [6, 0, 0]])
     np.testing.assert_array_equal(out["masked_lm_weights"], [[1, 1, 0], [1, 0, 0]])
-    np.testing.assert_array_equal(out["next_sentence_positions"], [[0, 5, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(out["cls_positions"], [[0, 5, 0], [0, 0, 0]])
     np.testing.assert_array_equal(out["next_sentence_labels"], [[0, 1, 0], [1, 0, 0]])
-    np.testing.assert_array_equal(out["next_sentence_weights"], [[1, 1, 0], [1, 0, 0]])
-    with pytest.raises(DataError, match="exceeds 8 tokens or 3 predictions"):
+    np.testing.assert_array_equal(out["instance_weights"], [[1, 1, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(out["scores"], [[0.5, 2.5, 0], [4.0, 0, 0]])
+    assert out["scores"].dtype == np.float32 and out["instance_weights"].dtype == np.float32
+    np.testing.assert_array_equal(out["tags"], [[0, 5, 6, 7, 8, 0, 4, 0], [0, 3, 2, 1, 0, 0, 0, 0]])
+    assert set(out) == {*features, *packing.ROW_FEATURES}
+    with pytest.raises(DataError, match="packed row 0 exceeds 8 tokens"):
         packing.pack_features(features, [[0, 2]], max_sequences_per_pack=3)
+    features["masked_lm_weights"] = np.array([[1.0, 1, 0], [1.0, 1, 0], [1.0, 0, 0]])
+    with pytest.raises(DataError, match="packed row 1 exceeds 3 predictions"):
+        packing.pack_features(features, [[2], [0, 1]], max_sequences_per_pack=3)
     with pytest.raises(DataError, match="2 instances exceeds K=1"):
         packing.pack_features(features, [[0, 1]], max_sequences_per_pack=1)

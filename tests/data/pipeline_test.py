@@ -318,5 +318,5 @@ def test_online_packed_stream_resumes_exactly_and_hosts_share_it(corpus):
     instances = _table(_config(corpus, **SHORT)).num_rows
     epoch = round(instances / per_row)
     stream = _batches(config, -(-epoch // 8))
-    counted = np.concatenate([b["next_sentence_weights"].sum(axis=1) for b in stream])[:epoch]
+    counted = np.concatenate([b["instance_weights"].sum(axis=1) for b in stream])[:epoch]
     assert counted.sum() == instances and per_row > 1.25

@@ -119,7 +119,7 @@ def test_accumulator_counts_instances_and_rows_of_packed_batches():
         "masked_lm_ids": np.array([[7, 0], [8, 0]]),
         "masked_lm_weights": np.array([[1.0, 0.0], [1.0, 0.0]]),
         "next_sentence_labels": np.array([[0, 1, 1], [0, 1, 0]]),  # list padding set on purpose
-        "next_sentence_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
+        "instance_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]),
     }
     acc = stats.Accumulator(6, _Ids())
     acc.add(batch, truncated=np.array([1, 0]))
@@ -153,7 +153,7 @@ def test_cli_on_packed_tfrecords_reports_instances_per_row(tmp_path, capsys):
     printed = capsys.readouterr().out
     spec = tfrecords.feature_spec(128, 20, 3)
     parsed = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(records))]
-    instances = sum(int(p["next_sentence_weights"].numpy().sum()) for p in parsed)
+    instances = sum(int(p["instance_weights"].numpy().sum()) for p in parsed)
     tokens = sum(int(p["input_mask"].numpy().sum()) for p in parsed)
     assert instances > len(parsed)  # some rows hold several instances
     expected = (

@@ -25,10 +25,10 @@ def tf_example(features: dict[str, np.ndarray], row: int) -> bytes:
     labels = np.asarray(features["next_sentence_labels"][row]).reshape(-1)
     feature["next_sentence_labels"] = ints(labels.tolist())
     if "sequence_ids" in features:  # a packed row (the module docstring's packed record)
-        for name in ("positions", "sequence_ids", "next_sentence_positions"):
+        for name in ("positions", "sequence_ids", "cls_positions"):
             feature[name] = ints(features[name][row].tolist())
-        feature["next_sentence_weights"] = tf.train.Feature(
-            float_list=tf.train.FloatList(value=features["next_sentence_weights"][row].tolist())
+        feature["instance_weights"] = tf.train.Feature(
+            float_list=tf.train.FloatList(value=features["instance_weights"][row].tolist())
         )
     example = tf.train.Example(features=tf.train.Features(feature=feature))
     return example.SerializeToString(deterministic=True)  # map keys sorted: same bytes every run
@@ -160,9 +160,9 @@ def _packed_rows():
         "masked_lm_positions": np.array([[1, 4], [1, 0]]),
         "masked_lm_ids": np.array([[9, 7], [6, 0]]),
         "masked_lm_weights": np.array([[1.0, 1.0], [1.0, 0.0]], np.float32),
-        "next_sentence_positions": np.array([[0, 3, 0], [0, 0, 0]]),
+        "cls_positions": np.array([[0, 3, 0], [0, 0, 0]]),
         "next_sentence_labels": np.array([[1, 0, 0], [1, 0, 0]]),
-        "next_sentence_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], np.float32),
+        "instance_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], np.float32),
     }
 
 
@@ -219,3 +219,37 @@ def test_packed_records_give_packed_batches_and_must_agree_with_the_config(tmp_p
     ):
         pipeline.check_data_config(_pipeline_config(unpacked[0], pack_sequences=True))
     pipeline.check_data_config(_pipeline_config(unpacked[0]))  # unpacked, as today
+
+
+def test_packed_records_of_the_earlier_names_are_one_line_naming_the_file(tmp_path):
+    """Packed records written before the packed row had one set of names (their
+    ``next_sentence_positions``/``next_sentence_weights``, now ``cls_positions``/
+    ``instance_weights``) are refused in one line naming the file and saying to rebuild them,
+    whether the config says packed or not: by the config check (``bertjax.main``,
+    ``bertjax.compile``), the pipeline, and ``data_stats``; never read silently."""
+    from bertjax.data import stats  # noqa: PLC0415
+
+    rows, path = _packed_rows(), str(tmp_path / "earlier.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for r in range(2):
+            example = tf.train.Example.FromString(tf_example(rows, r))
+            feature = example.features.feature
+            for old, new in (("next_sentence_positions", "cls_positions"),
+                             ("next_sentence_weights", "instance_weights")):  # fmt: skip
+                feature[old].CopyFrom(feature[new])
+                del feature[new]
+            writer.write(example.SerializeToString())
+    message = (
+        f"^{path}: packed records of an earlier bertjax .* rebuild them with "
+        "create_pretraining_data --pack_sequences$"
+    )
+    for packed in (True, False):
+        config = _pipeline_config(path, pack_sequences=packed, max_sequences_per_pack=3)
+        with pytest.raises(DataError, match=message):
+            pipeline.check_data_config(config)
+        with pytest.raises(DataError, match=message):
+            pipeline.create_pretrain_dataset(
+                config, batch_size=2, seed=0, process_index=0, process_count=1, split="eval"
+            )
+    with pytest.raises(DataError, match=message):
+        stats.tfrecord_stats([path], config, tokenizer=None)

@@ -79,10 +79,10 @@ def test_rows_hold_each_feature_whole_with_its_own_positions(splits, head):
             else:
                 assert a["cls_positions"][r, slot] == start
                 assert a["label_ids"][r, slot] == features.arrays["label_ids"][i]
-            assert a["example_weights"][r, slot] == 1.0
+            assert a["instance_weights"][r, slot] == 1.0
             start += m
         assert (a["sequence_ids"][r, start:] == 0).all() and (a["input_mask"][r, start:] == 0).all()
-        assert (a["example_weights"][r, len(row) :] == 0).all()
+        assert (a["instance_weights"][r, len(row) :] == 0).all()
     # unpack puts each output back where its feature was.
     if head == "tagging":
         got = packed.unpack(head, a["input_ids"][..., None], rows, LENGTH)[..., 0]

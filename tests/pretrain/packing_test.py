@@ -88,9 +88,9 @@ def _packed(instances, packs=PACKS) -> dict:
         "masked_lm_positions": np.zeros((rows, predictions), np.int32),
         "masked_lm_ids": np.zeros((rows, predictions), np.int32),
         "masked_lm_weights": np.zeros((rows, predictions), np.float32),
-        "next_sentence_positions": np.zeros((rows, K), np.int32),
+        "cls_positions": np.zeros((rows, K), np.int32),
         "next_sentence_labels": np.zeros((rows, K), np.int32),
-        "next_sentence_weights": np.zeros((rows, K), np.float32),
+        "instance_weights": np.zeros((rows, K), np.float32),
     }
     for r, pack in enumerate(packs):
         start = predicted = 0
@@ -106,9 +106,9 @@ def _packed(instances, packs=PACKS) -> dict:
             batch["masked_lm_positions"][r, predicted : predicted + p] = start + inst["masked"]
             batch["masked_lm_ids"][r, predicted : predicted + p] = inst["labels"]
             batch["masked_lm_weights"][r, predicted : predicted + p] = 1
-            batch["next_sentence_positions"][r, j] = start
+            batch["cls_positions"][r, j] = start
             batch["next_sentence_labels"][r, j] = inst["nsp"]
-            batch["next_sentence_weights"][r, j] = 1
+            batch["instance_weights"][r, j] = 1
             start, predicted = start + n, predicted + p
     return batch
 
@@ -147,7 +147,7 @@ def test_each_packed_instance_gets_its_hidden_states_alone(attention):
         lambda p, b: BertForPreTraining(cfg).apply(
             {"params": p}, b["input_ids"], b["segment_ids"], b.get("sequence_ids", b["input_mask"]),
             b["masked_lm_positions"], positions=b.get("positions"),
-            next_sentence_positions=b.get("next_sentence_positions"),
+            cls_positions=b.get("cls_positions"),
         ).nsp_logits
     )  # fmt: skip
     logits, ref_logits = nsp_logits(params, packed), nsp_logits(params, alone)
