@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bertjax.pretrain import compile_for_slice
@@ -70,6 +71,56 @@ def test_tpu_program_runs_the_pallas_flash_kernel_unless_xla_is_asked():
         args, _ = compile_report.abstract_args(steps.trainer, steps.eval_batch)
         hlo = steps.trainer.train_step.lower(*args).as_text()
         assert ("tpu_custom_call" in hlo) is expected, impl
+
+
+class _Built(Exception):
+    """Stops ``bertjax.main``'s run once its steps are built (nothing is written)."""
+
+
+def test_a_packed_config_compiles_the_shapes_main_runs(tmp_path, monkeypatch):
+    """A packed config's batch counts instances (64); ``bertjax.main`` runs the rows that hold
+    that many at the data's instances per row, and ``bertjax.compile`` lowers exactly those:
+    the train and eval batches main builds its steps for (its real run, stopped before its
+    workdir is taken) and the first batch its data gives have the shapes compile's steps take,
+    on 8 data shards each (the 8 CPU devices; v5litepod-8)."""
+    from bertjax.data import bundled
+    from bertjax.pretrain import loop
+    from bertjax.pretrain import start as start_lib
+
+    config = _config().unlock()
+    eval_corpus = bundled.bundled_paths().eval  # small: the instance table builds in a second
+    # At L = 128 half the documents get a short target: 1.19 instances per row (at 64 KJV's
+    # verses fill the rows alone).
+    config.data.update(input_files=[eval_corpus], max_seq_length=128, max_predictions_per_seq=20,
+                       short_seq_prob=0.5, pack_sequences=True, max_sequences_per_pack=4,
+                       cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    config.train.update(global_batch_size=64, eval_batch_size=64)
+    config.lock()
+
+    built = {}
+
+    def plan(resolved, steps, continued):
+        built.update(config=resolved, steps=steps)
+        raise _Built
+
+    monkeypatch.setattr(start_lib, "plan", plan)
+    with pytest.raises(_Built):
+        loop.train_and_evaluate(config, str(tmp_path / "workdir"))
+    main_args = compile_report.abstract_args(built["steps"].trainer, built["steps"].eval_batch)
+    bert_config = built["steps"].bert_config
+    first = next(loop._train_batches(built["config"], bert_config, start_batch=0))
+    _, _, *compile_args = compile_for_slice.steps_for_slice(config, "v5litepod-8")
+
+    def shapes(batch):
+        return {name: tuple(value.shape) for name, value in batch.items()}
+
+    (_, train_batch, _), (_, eval_batch) = main_args
+    assert shapes(compile_args[0][1]) == shapes(train_batch)
+    assert shapes(compile_args[1][1]) == shapes(eval_batch)
+    data = {name: np.shape(value) for name, value in first.items() if name in train_batch}
+    assert data == shapes(train_batch)
+    rows = train_batch["input_ids"].shape[0]
+    assert rows < 64 and rows % 8 == 0 and train_batch["cls_positions"].shape == (rows, 4)
 
 
 def _cli(*args):

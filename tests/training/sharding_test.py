@@ -107,3 +107,36 @@ def test_no_library_module_names_a_mesh_axis():
             ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert found == []
+
+
+@pytest.mark.parametrize(
+    "accum,processes,instances,expected",
+    [
+        # 8 data shards x 2 micro-batches: multiples of 16. 256 / 1.5 = 170.7 rows -> 176;
+        # 100 / 1.5 = 66.7 -> 64; 10 / 1.5 = 6.7 -> at least one multiple, 16.
+        (2, 1, (256, 100), (176, 64)),
+        (2, 1, (10, 10), (16, 16)),
+        # 3 processes: multiples of lcm(8, 3) = 24; 256 / 1.5 = 170.7 -> 168 (7 x 24).
+        (1, 3, (256, 100), (168, 72)),
+    ],
+)
+def test_packed_batch_sizes_are_the_rows_that_hold_the_instances(
+    accum, processes, instances, expected, capsys
+):
+    """The one resolver of packed batch sizes (main, compile, fine-tuning), counted by hand:
+    instances / instances per row, to the nearest multiple of data shards x micro-batches and
+    of the processes, at least one; the config itself is left as it was."""
+    config = tiny_config()
+    config.train.update(grad_accum_steps=accum, global_batch_size=instances[0],
+                        eval_batch_size=instances[1])  # fmt: skip
+    mesh = sh.create_mesh((4, 2, 1))  # data x fsdp: 8 batch shards
+    resolved = sh.packed_batch_sizes(config, mesh, processes, 1.5, unit="examples")
+    got = (resolved.train.global_batch_size, resolved.train.eval_batch_size)
+    assert got == expected and config.train.global_batch_size == instances[0]
+    assert capsys.readouterr().out == (
+        f"packing: 1.500 examples per row on average: train.global_batch_size={instances[0]} "
+        f"examples -> {expected[0]} rows per step, train.eval_batch_size={instances[1]} -> "
+        f"{expected[1]} rows\n"
+    )
+    quiet = sh.packed_batch_sizes(config, mesh, processes, 1.5, announce=False)
+    assert quiet.train.global_batch_size == expected[0] and not capsys.readouterr().out
