@@ -52,7 +52,12 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
         False,
         "Write rows of up to --max_sequences_per_pack whole instances (bertjax.data.packing).",
     ),
-    (flags.DEFINE_integer, "max_sequences_per_pack", 3, "K: instances per packed row at most."),
+    (
+        flags.DEFINE_integer,
+        "max_sequences_per_pack",
+        None,
+        "K: instances per packed row at most; default ceil(max_seq_length / 32) as in configs.",
+    ),
     (flags.DEFINE_integer, "shuffle_buffer", 20000, "Instances in each unit's shuffle buffer."),
     (
         flags.DEFINE_string,
@@ -87,6 +92,8 @@ def data_config_from_flags(values):
     """A ``config.data``-shaped ConfigDict from the command-line flags."""
     import ml_collections
 
+    from bertjax.data import packing
+
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(values, name):
             raise ValueError(f"--{name} is required")
@@ -107,7 +114,8 @@ def data_config_from_flags(values):
             random_doc_pool=values.random_doc_pool,
             split_single_sentence=values.split_single_sentence,
             pack_sequences=values.pack_sequences,
-            max_sequences_per_pack=values.max_sequences_per_pack,
+            max_sequences_per_pack=values.max_sequences_per_pack
+            or packing.default_pack_width(values.max_seq_length),
             objective="mlm",
             masking="static",
         )
@@ -132,7 +140,7 @@ def run(values) -> int:
             os.makedirs(directory, exist_ok=True)
     if values.num_workers < 0 or values.work_unit_bytes < 1:
         raise ValueError("--num_workers must be >= 0 (0: chosen) and --work_unit_bytes >= 1")
-    if values.max_sequences_per_pack < 1:
+    if values.max_sequences_per_pack is not None and values.max_sequences_per_pack < 1:
         raise ValueError(f"--max_sequences_per_pack={values.max_sequences_per_pack}: need >= 1")
     if values.runner == "local":
         summary = offline.write_tfrecords(

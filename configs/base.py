@@ -9,7 +9,7 @@ override only what differs. Library code reads ``config.x`` and never supplies i
 import ml_collections
 from ml_collections.config_dict import FieldReference
 
-from bertjax.data import bundled
+from bertjax.data import bundled, packing
 from bertjax.training import sharding
 
 
@@ -97,7 +97,14 @@ def get_config() -> ml_collections.ConfigDict:
     # instances (the paper's 256) and the run derives the rows per step from the data's mean
     # instances per row (pretrain.inputs.resolve_packed_batch; printed at start).
     config.data.pack_sequences = False
-    config.data.max_sequences_per_pack = 3  # K; NVIDIA's MLPerf BERT packs up to 3 at 512
+    # K: one instance slot per 32 tokens, ceil(L / 32): 4 at 128, 16 at 512 (follows L when it is
+    # overridden). A stub is a stub at any L, so the short instances a row can take grow with L:
+    # on a corpus of many short documents at 512, K = 3 (NVIDIA's MLPerf BERT) left 16.6% of the
+    # slots as padding, K = 16 0.6% (docs/benchmarks.md, "Sequence packing"); a slot costs one
+    # [CLS] query of the gathered last layer.
+    config.data.max_sequences_per_pack = (
+        config.data.get_ref("max_seq_length") + packing.TOKENS_PER_SLOT - 1
+    ) // packing.TOKENS_PER_SLOT
     config.data.shuffle_buffer = 10_000  # source='tfrecord': records in the shuffle buffer
     config.data.cache_dir = ""  # tokenized instance tables; '' = $TMPDIR/bertjax_data_cache
 

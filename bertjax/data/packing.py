@@ -12,12 +12,22 @@ least free token space that still takes it, else it opens a new row. A row takes
 * it holds fewer than ``K`` = ``max_sequences_per_pack`` instances, and
 * its masked-LM predictions stay within ``P`` = ``max_predictions_per_seq``.
 
+**K, the slots of a row** (``data.max_sequences_per_pack``): by default one per
+``TOKENS_PER_SLOT`` = 32 tokens, ``ceil(L / 32)``, 4 at 128 and 16 at 512 (``configs/base.py``,
+``default_pack_width``). Short instances (stubs, a document's last piece) have about the same
+length at any L, so the number a row can take grows with L; a fixed K = 3 (NVIDIA's MLPerf
+BERT) left 16.6% of the slots as padding at 512 on a corpus of many short documents, where
+K = 16 leaves 0.6% (docs/benchmarks.md, "Sequence packing"). An empty slot costs one [CLS]
+query of the gathered last layer and nothing else.
+
 **The P-per-row rule**: a packed row keeps ``P`` as configured (the record layout does not change
 with packing) and prediction count is the packer's second constraint. Masking is per instance and
 unchanged, so an instance of ``n`` tokens brings ``min(P, max(1, round(n * masked_lm_prob)))``
-predictions; at the paper's settings (128/20, 512/80, masked_lm_prob 0.15) a full row of 3
-instances needs at most ``0.15 L + 1.5`` (19.2 + 1.5 at 128, 76.8 + 1.5 at 512), so the
-constraint binds only for larger ``K`` or a larger ``masked_lm_prob`` than ``P`` allows for.
+predictions; a full row of ``k`` instances needs at most ``0.15 L + k / 2`` at masked_lm_prob
+0.15, which can pass the paper's P (20 at 128, 80 at 512) by up to ``K / 2``: the constraint
+can bind. It almost never does, since the instances' rounding goes up and down: on the corpus
+of many short documents, P = 1,000 instead packs the same rows at 512 (K = 16) and one row
+fewer in 21,737 at 128 (K = 8). So P stays the paper's, per row.
 The row layout without cross-contamination is Krell et al.'s ("Efficient sequence packing
 without cross-contamination", 2021, arXiv:2107.02027); their shortest-pack-first histogram
 packing (SPFHP) packs a length histogram, while BFD works on the instances themselves, so the
@@ -27,10 +37,12 @@ predictions in the same order give the same rows.
 Rows come out in window order (a row sits where its first instance was), and within a row the
 instances keep window order, so packing keeps the upstream shuffle.
 
-**Efficiency** = real tokens / token slots = ``tokens / (rows * L)`` (1 - the padding share). The
-**ideal** is the same with the fewest rows any packing could use,
+**Efficiency** = real tokens / token slots = ``tokens / (rows * L)`` (1 - the padding share).
+Against the **lower bound** ``ceil(tokens / L)`` rows (no packing of these tokens can use fewer):
+``lower_bound_rows / rows`` (``bertjax.data.stats``). The **ideal** is the same with the fewest
+rows any packing could use under every constraint of the row,
 ``max(ceil(tokens / L), ceil(instances / K), ceil(predictions / P), instances longer than L/2)``
-(a lower bound: the best packing may need more rows, never fewer).
+(a lower bound too: the best packing may need more rows, never fewer).
 """
 
 from __future__ import annotations
@@ -41,6 +53,19 @@ import math
 import numpy as np
 
 from bertjax.data.instances import DataError
+
+TOKENS_PER_SLOT = 32  # the default K is one slot per this many tokens (module docstring)
+
+
+def default_pack_width(max_seq_length: int) -> int:
+    """``K`` by default: ``ceil(max_seq_length / TOKENS_PER_SLOT)`` (``configs/base.py``'s rule)."""
+    return -(-int(max_seq_length) // TOKENS_PER_SLOT)
+
+
+def lower_bound_rows(tokens: int, max_seq_length: int) -> int:
+    """The fewest rows of ``max_seq_length`` slots that ``tokens`` real tokens fit in."""
+    return -(-int(tokens) // int(max_seq_length))
+
 
 # Open rows a placement looks at beyond the best fit when the prediction constraint refuses it;
 # bounds the work per instance (a refused instance opens a new row, which is still correct).

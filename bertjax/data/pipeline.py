@@ -67,11 +67,12 @@ rebuilt identically if the cache is gone). The train stream is infinite; eval is
 row order, with static masks, padded to the same number of batches on every host.
 
 Packed (``data.pack_sequences``, text/tfds): the table's instances are packed once per
-pipeline (``pack_table``: windows of ``PACK_WINDOW`` instances in table order; the same on every
-host), and the stream's units are those packed rows instead of table rows: position ``p`` is
-packed row ``permutation_e(p mod R)``, its instance in slot ``j`` masked with the key
-``p * K + j`` (dynamic) or its table row (static). Instances, pairings and masks are made as
-unpacked; only their arrangement differs.
+pipeline (``pack_table``: the table permuted with the seed, then windows of ``PACK_WINDOW``
+instances, so a row's instances come from anywhere in the table; the same on every host), and
+the stream's units are those packed rows instead of table rows: position ``p`` is packed row
+``permutation_e(p mod R)``, its instance in slot ``j`` masked with the key ``p * K + j``
+(dynamic) or its table row (static). Instances, pairings and masks are made as unpacked; only
+their arrangement differs.
 
 Cost: every host tokenizes the whole text corpus once (first call; later calls and restarts
 reuse the cache), which suits corpora up to a few GB; for Wikipedia-scale data on many hosts,
@@ -237,15 +238,17 @@ def feistel_permutation(index: np.ndarray, size: int, key: int) -> np.ndarray:
 
 _PERMUTE_BATCHES = 16
 PACK_WINDOW = 10_000  # instances the online pipeline packs together (``pack_table``)
+_PACK_ORDER_STREAM = 0x7061636B  # keys pack_order's permutation apart from the epochs' ("pack")
 COUNTED_RECORDS = 10_000  # packed TFRecords counted for ``instances_per_row``
 
 
-def pack_table(table, data_config, spec) -> np.ndarray:
+def pack_table(table, data_config, spec, seed: int) -> np.ndarray:
     """The online pipeline's packed rows: ``<int64>[R, K]`` instance-table rows per packed row,
-    -1 after its last instance. ``bertjax.data.packing`` over consecutive windows of
-    ``PACK_WINDOW`` instances in table order (the bound on one packing's work), each instance
-    counted with the most predictions masking can give it: a pure function of the table and
-    ``data``, the same on every host."""
+    -1 after its last instance. The table's rows are permuted with the run's ``seed`` first
+    (``pack_order``), then ``bertjax.data.packing`` packs consecutive windows of
+    ``PACK_WINDOW`` of them (the bound on one packing's work), each instance counted with the
+    most predictions masking can give it: a pure function of the table, ``data`` and ``seed``,
+    the same on every host."""
     length, k = int(data_config.max_seq_length), int(data_config.max_sequences_per_pack)
     lengths = table.num_tokens()
     if data_config.objective == "ltr":
@@ -253,12 +256,23 @@ def pack_table(table, data_config, spec) -> np.ndarray:
     else:
         predictions = masking.max_predictions(lengths, spec)
     preds = num_predictions(data_config)
+    order = pack_order(len(lengths), seed)
     out = []
     for start in range(0, len(lengths), PACK_WINDOW):
-        window = slice(start, start + PACK_WINDOW)
+        window = order[start : start + PACK_WINDOW]
         for row in packing.pack(lengths[window], predictions[window], length, k, preds):
-            out.append([start + i for i in row] + [-1] * (k - len(row)))
+            out.append([*window[row].tolist(), *[-1] * (k - len(row))])
     return np.asarray(out, np.int64).reshape(-1, k)
+
+
+def pack_order(num_rows: int, seed: int) -> np.ndarray:
+    """``<int64>[num_rows]``: the order ``pack_table`` packs the table's rows in, a seeded
+    permutation (``feistel_permutation``, keyed apart from the epochs' permutations). The table
+    is document-major, every dupe of a document together: in table order a window would give a
+    row instances of a few hundred neighbouring documents, dupes included, where the unpacked
+    stream draws its rows from the whole table."""
+    key = int(masking.hash_keys(seed, _PACK_ORDER_STREAM, 0))
+    return feistel_permutation(np.arange(num_rows, dtype=np.int64), num_rows, key)
 
 
 def instances_per_row(data_config, seed: int) -> float:
@@ -276,7 +290,7 @@ def instances_per_row(data_config, seed: int) -> float:
         return float(np.concatenate(counts).mean())
     tokenizer = sources.create_tokenizer(data_config)
     table = sources.open_or_build(data_config, tokenizer, "train", seed)
-    packs = pack_table(table, data_config, masking_spec(data_config, tokenizer))
+    packs = pack_table(table, data_config, masking_spec(data_config, tokenizer), seed)
     return table.num_rows / max(len(packs), 1)
 
 
@@ -423,7 +437,7 @@ def create_pretrain_dataset(
     tokenizer = sources.create_tokenizer(data_config)
     table = sources.open_or_build(data_config, tokenizer, split, seed)
     spec = masking_spec(data_config, tokenizer)
-    packs = pack_table(table, data_config, spec) if data_config.pack_sequences else None
+    packs = pack_table(table, data_config, spec, seed) if data_config.pack_sequences else None
     make = _batch_fn(
         table,
         data_config,

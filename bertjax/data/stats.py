@@ -3,7 +3,9 @@
 The command is ``python -m bertjax.data_stats``. Counts examples (instances), rows and instances
 per row (1 unless the rows are packed: ``bertjax.data.packing``), tokens, padding fraction (the
 padding share, 1 - real tokens / token slots of the rows; beside it, after packing, the share the
-fewest possible rows would leave), mask
+fewest possible rows would leave), the rows against the lower bound ``ceil(real tokens / L)``
+(no packing of those tokens needs fewer: ``lower bound / rows`` is the packing's efficiency
+against it; for the online pipeline also over its whole split, as it packs it), mask
 rate (predictions / real tokens, [CLS]/[SEP] included as in the original's ``num_to_predict``) and
 its [MASK]/kept/random split, NSP balance, truncation rate (known for the online pipeline and at
 generation time; TFRecords do not record it), [UNK] rate and a histogram of row lengths (real
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertjax.data import packing
 from bertjax.data.instances import DataError
 
 _NUM_BINS = 8
@@ -103,6 +106,7 @@ class Accumulator:
             max(c["rows"], 1),
         )
         ideal = c["ideal_rows"]
+        bound = packing.lower_bound_rows(c["tokens"], self.length)
         return dict(
             examples=c["examples"],
             rows=c["rows"],
@@ -110,6 +114,8 @@ class Accumulator:
             tokens=c["tokens"],
             padding_fraction=1.0 - c["tokens"] / (rows * self.length),
             ideal_padding_fraction=1.0 - c["tokens"] / (ideal * self.length) if ideal else None,
+            lower_bound_rows=bound,
+            bound_efficiency=bound / rows,
             mask_rate=c["predictions"] / tokens,
             mask_split=(
                 c["masked"] / predictions,
@@ -142,6 +148,9 @@ def format_summary(s: dict) -> str:
         f"examples            {s['examples']}",
         f"rows                {s['rows']}  ({s['instances_per_row']:.2f} instances per row)",
         f"tokens              {s['tokens']}  (padding {100 * s['padding_fraction']:.1f}%{ideal})",
+        f"rows vs bound       {100 * s['bound_efficiency']:.1f}% efficient: ceil(tokens / L) = "
+        f"{s['lower_bound_rows']} rows",
+        *_split_lines(s.get("split")),
         f"mask rate           {100 * s['mask_rate']:.2f}% of real tokens",
         "mask split          [MASK] {:.1f}% / kept {:.1f}% / random {:.1f}%".format(
             *(100 * x for x in s["mask_split"])
@@ -156,6 +165,38 @@ def format_summary(s: dict) -> str:
     for low, high, n in s["length_histogram"]:
         lines.append(f"  {low:4d}-{high:<4d} {n:8d} {'#' * round(40 * n / total)}")
     return "\n".join(lines)
+
+
+def _split_lines(split: dict | None) -> list[str]:
+    """The online pipeline's whole split (``split_rows``), when known."""
+    if split is None:
+        return []
+    return [
+        f"whole split         {split['rows']} rows of {split['instances']} instances, padding "
+        f"{100 * split['padding_fraction']:.2f}%; {100 * split['bound_efficiency']:.2f}% "
+        f"efficient: ceil(tokens / L) = {split['lower_bound_rows']} rows"
+    ]
+
+
+def split_rows(table, data_config, spec, seed: int) -> dict:
+    """The rows of a whole split as the online pipeline makes them from its instance ``table``:
+    one per instance, or packed (``pipeline.pack_table``) -> rows, instances, tokens, padding
+    fraction, the lower bound ``ceil(tokens / L)`` and the rows' efficiency against it."""
+    from bertjax.data import pipeline
+
+    length, tokens = int(data_config.max_seq_length), int(table.num_tokens().sum())
+    rows = table.num_rows
+    if data_config.pack_sequences:
+        rows = len(pipeline.pack_table(table, data_config, spec, seed))
+    bound = packing.lower_bound_rows(tokens, length)
+    return dict(
+        rows=rows,
+        instances=table.num_rows,
+        tokens=tokens,
+        padding_fraction=1.0 - tokens / max(rows * length, 1),
+        lower_bound_rows=bound,
+        bound_efficiency=bound / max(rows, 1),
+    )
 
 
 def tfrecord_stats(files: list[str], data_config, tokenizer) -> dict:
@@ -191,4 +232,6 @@ def pipeline_stats(config, split: str, num_batches: int) -> dict:
     if data.source != "tfrecord":
         table = sources.open_or_build(data, tokenizer, split, config.seed)
         summary["truncation_rate"] = table.meta["truncated"] / max(table.meta["instances"], 1)
+        spec = pipeline.masking_spec(data, tokenizer)
+        summary["split"] = split_rows(table, data, spec, int(config.seed))
     return summary

@@ -113,7 +113,9 @@ def _shards(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("packing", [[], ["--pack_sequences", "--short_seq_prob=0.5"]])
+@pytest.mark.parametrize(
+    "packing", [[], ["--pack_sequences", "--max_sequences_per_pack=3", "--short_seq_prob=0.5"]]
+)
 def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, capsys, packing):
     common = [
         *packing,
@@ -214,7 +216,8 @@ def packed_and_unpacked(corpus, tmp_path_factory):
         "--num_workers=1",
     ]
     folder = tmp_path_factory.mktemp("packing")
-    for name, extra in (("unpacked", []), ("packed", ["--pack_sequences"])):
+    packing = ["--pack_sequences", "--max_sequences_per_pack=3"]
+    for name, extra in (("unpacked", []), ("packed", packing)):
         assert _run([*common, *extra, f"--output_file={folder / name / 'train.tfrecord'}"]) == 0
     return folder / "packed", folder / "unpacked"
 
@@ -366,7 +369,8 @@ def test_packing_holds_one_window_of_the_units_instances_at_a_time(corpus, tmp_p
         f"--max_seq_length={PACKED_LENGTH}", f"--max_predictions_per_seq={PACKED_PREDICTIONS}",
         "--dupe_factor=1", "--short_seq_prob=0.5", f"--work_unit_bytes={10**9}",
     ]  # fmt: skip
-    for name, extra in (("unpacked", []), ("packed", ["--pack_sequences"])):
+    packing = ["--pack_sequences", "--max_sequences_per_pack=3"]
+    for name, extra in (("unpacked", []), ("packed", packing)):
         assert _run([*common, *extra, f"--output_file={tmp_path / name / 'train.tfrecord'}"]) == 0
     spec = _original_input_fn_features(PACKED_LENGTH, PACKED_PREDICTIONS)
     position = {_key(r): i for i, r in enumerate(_parsed(tmp_path / "unpacked", spec))}

@@ -296,6 +296,63 @@ def test_online_packed_rows_hold_exactly_the_unpacked_instances(corpus, window, 
         assert batch["positions"].dtype == batch["sequence_ids"].dtype == np.int32
 
 
+def test_online_packing_windows_draw_from_the_whole_table(corpus, monkeypatch):
+    """The instance table is document-major (a document's instances together): the online
+    pipeline packs its rows in an order permuted with the run's seed, so each window of
+    ``PACK_WINDOW`` instances (50 here, of about 800) holds instances from all over the table,
+    and a row's instances are not neighbours; in table order every row's instances would lie
+    within 50 consecutive table rows. Every instance is in one row; the same seed packs the
+    same rows, another seed others."""
+    from bertjax.data import sources
+
+    monkeypatch.setattr(pipeline, "PACK_WINDOW", 50)
+    config = _config(corpus, **PACKED)
+    table = _table(config)
+    spec = pipeline.masking_spec(config, sources.create_tokenizer(config))
+    packs = pipeline.pack_table(table, config, spec, seed=0)
+    members, n = packs[packs >= 0], table.num_rows
+    assert n > 16 * 50 and sorted(members.tolist()) == list(range(n))
+    first_window = members[:50]  # rows come out in window order: the first window's instances
+    assert set((first_window * 4 // n).tolist()) == {0, 1, 2, 3}  # from every quarter
+    shared = packs[(packs >= 0).sum(axis=1) > 1]
+    spans = np.where(shared >= 0, shared, shared.max(axis=1, keepdims=True))
+    far = (spans.max(axis=1) - spans.min(axis=1)) >= 50
+    assert len(shared) > 100 and far.mean() > 0.8, far.mean()
+    np.testing.assert_array_equal(packs, pipeline.pack_table(table, config, spec, seed=0))
+    assert not np.array_equal(packs, pipeline.pack_table(table, config, spec, seed=1))
+
+
+@pytest.mark.parametrize("stub_share", [0.0, 0.47], ids=["wikipedia-like", "many-stubs"])
+def test_default_packing_pads_under_5_percent_at_128_and_512(tmp_path, stub_share):
+    """configs/base.py's packing defaults, as ``bertjax.main`` packs a split online: under 5% of
+    the slots are padding at L = 128 and 512 (only L, P and the corpus set), on the
+    Wikipedia-like corpus and on one of many short documents (``bench/wikipedia_like_corpus.py``,
+    600 articles; with stubs, about 10% of the instances at 512 under 25 tokens and 37% over
+    256, where at most 3 instances per row leave 17% padding). Counted from the rows
+    themselves: real tokens over L x rows."""
+    from bench import wikipedia_like_corpus
+    from bertjax.data import sources
+
+    docs = wikipedia_like_corpus.with_stubs(wikipedia_like_corpus.documents(600, 0), stub_share, 0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+    for length, predictions in ((128, 20), (512, 80)):
+        config = base.get_config().data
+        config.update(input_files=[str(corpus)], cache_dir=str(tmp_path / "cache"),
+                      max_seq_length=length, max_predictions_per_seq=predictions,
+                      pack_sequences=True)  # fmt: skip
+        tokenizer = sources.create_tokenizer(config)
+        table = sources.open_or_build(config, tokenizer, "train", 0)
+        packs = pipeline.pack_table(table, config, pipeline.masking_spec(config, tokenizer), 0)
+        tokens = table.num_tokens()
+        real = np.where(packs >= 0, tokens[np.maximum(packs, 0)], 0).sum(axis=1)
+        assert real.max() <= length and real.sum() == tokens.sum()
+        padding = 1 - real.sum() / (length * len(packs))
+        assert padding < 0.05, (stub_share, length, padding)
+        if stub_share and length == 512:  # the corpus is what the docstring says
+            assert 0.05 < (tokens < 25).mean() and 0.3 < (tokens > 256).mean()
+
+
 def test_online_packed_stream_resumes_exactly_and_hosts_share_it(corpus):
     """Train (dynamic masks keyed by stream position and slot): the same seed gives the same
     packed batches, a resumed stream continues exactly, and two hosts' shares make the one-host

@@ -92,20 +92,53 @@ def test_cli_on_tfrecords_matches_direct_computation(tmp_path, capsys):
     assert f"tokens              {tokens}  " in printed
     assert f"mask rate           {100 * predictions / tokens:.2f}%" in printed
     assert f"[MASK] {100 * masked / predictions:.1f}%" in printed
+    bound = -(-tokens // 64)  # the fewest rows of 64 slots the tokens fit in
+    assert (
+        f"rows vs bound       {100 * bound / len(parsed):.1f}% efficient: ceil(tokens / L) = "
+        f"{bound} rows\n" in printed
+    )
 
 
-def test_online_pipeline_stats(tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_online_pipeline_stats(tmp_path, packed):
+    """The first batches' statistics, and the whole split's rows against ceil(tokens / L),
+    the tokens counted here from the instance table's rows: unpacked one row per instance;
+    packed, the rows of one epoch of the packed stream (it visits each packed row once)."""
+    from bertjax.data import pipeline, sources
+
     corpus = tmp_path / "c.txt"
     with gzip.open(bundled.TRAIN_CORPUS, "rt") as f:
         corpus.write_text("".join(itertools.islice(f, 400)))
     config = base.get_config()
     config.data.input_files = [str(corpus)]
     config.data.cache_dir = str(tmp_path / "cache")
+    config.data.update(pack_sequences=packed, short_seq_prob=0.5)
     summary = stats.pipeline_stats(config, "train", num_batches=4)
-    assert summary["examples"] == 256
+    assert summary["examples"] >= 256 if packed else summary["examples"] == 256
     assert 0.13 < summary["mask_rate"] < 0.17
     assert 0.0 <= summary["truncation_rate"] <= 1.0
-    assert "length histogram" in stats.format_summary(summary)
+    table = sources.open_or_build(config.data, sources.create_tokenizer(config.data), "train", 0)
+    tokens = int((table.read(np.arange(table.num_rows))[:, :128] > 0).sum())
+    rows = table.num_rows
+    if packed:  # one epoch of the stream: R positions, together every instance once
+        stream = pipeline.create_pretrain_dataset(
+            config.data, batch_size=1, seed=0, process_index=0, process_count=1
+        ).as_numpy_iterator()
+        rows, seen = 0, 0
+        while seen < table.num_rows:
+            seen += int(next(stream)["instance_weights"].sum())
+            rows += 1
+        assert seen == table.num_rows and rows < 0.9 * table.num_rows
+    split, bound = summary["split"], -(-tokens // 128)
+    assert (split["rows"], split["instances"], split["tokens"]) == (rows, table.num_rows, tokens)
+    assert split["lower_bound_rows"] == bound <= rows
+    printed = stats.format_summary(summary)
+    assert "length histogram" in printed
+    assert (
+        f"whole split         {rows} rows of {table.num_rows} instances, padding "
+        f"{100 - 100 * tokens / (128 * rows):.2f}%; {100 * bound / rows:.2f}% efficient: "
+        f"ceil(tokens / L) = {bound} rows\n" in printed
+    )
 
 
 def test_accumulator_counts_instances_and_rows_of_packed_batches():
@@ -151,7 +184,7 @@ def test_cli_on_packed_tfrecords_reports_instances_per_row(tmp_path, capsys):
     values(["x", f"--input_file={records}", *common])
     assert data_stats.run(values) == 0
     printed = capsys.readouterr().out
-    spec = tfrecords.feature_spec(128, 20, 3)
+    spec = tfrecords.feature_spec(128, 20, 4)  # K by default: ceil(128 / 32)
     parsed = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(str(records))]
     instances = sum(int(p["instance_weights"].numpy().sum()) for p in parsed)
     tokens = sum(int(p["input_mask"].numpy().sum()) for p in parsed)
@@ -163,3 +196,5 @@ def test_cli_on_packed_tfrecords_reports_instances_per_row(tmp_path, capsys):
     padding = 100 * (1 - tokens / (128 * len(parsed)))
     assert f"tokens              {tokens}  (padding {padding:.1f}%)" in printed
     assert f"examples            {instances}\n" in printed
+    bound = -(-tokens // 128)
+    assert f"rows vs bound       {100 * bound / len(parsed):.1f}% efficient" in printed
