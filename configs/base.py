@@ -99,7 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.pack_sequences = False
     # K: one instance slot per 32 tokens, ceil(L / 32): 4 at 128, 16 at 512 (follows L when it is
     # overridden). A stub is a stub at any L, so the short instances a row can take grow with L:
-    # on a corpus of many short documents at 512, K = 3 (NVIDIA's MLPerf BERT) left 16.6% of the
+    # on a corpus of many short documents at 512, K = 3 (NVIDIA's MLPerf BERT) left 17.0% of the
     # slots as padding, K = 16 0.6% (docs/benchmarks.md, "Sequence packing"); a slot costs one
     # [CLS] query of the gathered last layer.
     config.data.max_sequences_per_pack = (

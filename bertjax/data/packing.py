@@ -16,7 +16,7 @@ least free token space that still takes it, else it opens a new row. A row takes
 ``TOKENS_PER_SLOT`` = 32 tokens, ``ceil(L / 32)``, 4 at 128 and 16 at 512 (``configs/base.py``,
 ``default_pack_width``). Short instances (stubs, a document's last piece) have about the same
 length at any L, so the number a row can take grows with L; a fixed K = 3 (NVIDIA's MLPerf
-BERT) left 16.6% of the slots as padding at 512 on a corpus of many short documents, where
+BERT) left 17.0% of the slots as padding at 512 on a corpus of many short documents, where
 K = 16 leaves 0.6% (docs/benchmarks.md, "Sequence packing"). An empty slot costs one [CLS]
 query of the gathered last layer and nothing else.
 
@@ -25,9 +25,10 @@ with packing) and prediction count is the packer's second constraint. Masking is
 unchanged, so an instance of ``n`` tokens brings ``min(P, max(1, round(n * masked_lm_prob)))``
 predictions; a full row of ``k`` instances needs at most ``0.15 L + k / 2`` at masked_lm_prob
 0.15, which can pass the paper's P (20 at 128, 80 at 512) by up to ``K / 2``: the constraint
-can bind. It almost never does, since the instances' rounding goes up and down: on the corpus
-of many short documents, P = 1,000 instead packs the same rows at 512 (K = 16) and one row
-fewer in 21,737 at 128 (K = 8). So P stays the paper's, per row.
+can bind. It does not in practice, since the instances' rounding goes up and down: on the
+Wikipedia-like corpus and on the one of many short documents, at 128 and at 512 with the
+default K, a budget of 1,000 predictions per row packs exactly the same rows as the paper's P
+(``pipeline.pack_table``'s rows, docs/benchmarks.md). So P stays the paper's, per row.
 The row layout without cross-contamination is Krell et al.'s ("Efficient sequence packing
 without cross-contamination", 2021, arXiv:2107.02027); their shortest-pack-first histogram
 packing (SPFHP) packs a length histogram, while BFD works on the instances themselves, so the
