@@ -221,15 +221,17 @@ def load_config(name: str):
 
 
 def config_for(w: Workload, rows: int):
-    """The workload's shipped config with only the batch, its L and P (tiny mode) and its
-    model's size (tiny mode) changed; packing on for packed workloads. ``rows`` goes into
-    ``train.global_batch_size``, which ``build_steps`` compiles as rows (``python -m
-    bertjax.main`` resolves a packed run's instances into rows before it:
+    """The workload's shipped config with only the batch, its L and P (tiny mode: K stays the
+    shipped one) and its model's size (tiny mode) changed; packing on for packed workloads.
+    ``rows`` goes into ``train.global_batch_size``, which ``build_steps`` compiles as rows
+    (``python -m bertjax.main`` resolves a packed run's instances into rows before it:
     ``pretrain.inputs.resolve_packed_batch``)."""
     config = load_config(w.config)
     config.model.update(w.shape)
-    if w.length:
+    if w.length:  # K stays the shipped config's (16 at 512): ceil(32 / 32) would be 1
+        shipped_k = config.data.max_sequences_per_pack
         config.data.max_seq_length, config.data.max_predictions_per_seq = w.length, w.predictions
+        config.data.max_sequences_per_pack = shipped_k
     config.data.pack_sequences = w.packed
     config.train.global_batch_size = rows
     return config
