@@ -47,7 +47,8 @@ def run_once(corpus: str, out: pathlib.Path, repo: str, flags: list[str]) -> dic
     log = out.with_suffix(".log")
     start = time.perf_counter()
     with open(log, "wb") as sink:
-        child = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        # cwd=repo: ``python -m`` puts the working directory before PYTHONPATH on sys.path
+        child = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=repo)
         process, samples = psutil.Process(child.pid), []
         while True:  # os.wait4, not Popen.poll: the child's own rusage, its ru_maxrss
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)

@@ -28,9 +28,19 @@
 #   TEMP_LOCATION     Dataflow's staging and temp files (default gs://<OUTPUT's bucket>/dataflow)
 #   JOB_NAME          default bertjax-create-pretraining-data-<UTC time>
 #   MAX_WORKERS       --max_num_workers (Dataflow's autoscaling ceiling)
-#   MACHINE_TYPE      --worker_machine_type, e.g. n2-standard-8
+#   MACHINE_TYPE      --worker_machine_type, default n2-standard-4 (below)
+#   DISK_GB           --disk_size_gb, a worker's disk, default 250 (below)
 #   PYTHON            default python3, with bertjax[beam] installed (pip install -e '.[beam]')
 #   DRY_RUN=1         print the commands instead of running them
+# Defaults from the measured memory (docs/benchmarks.md, "Offline TFRecords": a worker process
+# peaks at 1.5 GiB or less, the same with 16 MiB and 256 MiB units, at L=128 and 512, packed
+# or not): --work_unit_bytes=268435456 (256 MiB: few scratch objects, no memory cost) unless the
+# arguments give one, and n2-standard-4 workers (one Python SDK process per vCPU, 4 GB per vCPU:
+# over twice the peak; a highcpu type's 1 GB per vCPU would not hold it). A unit's pieces are
+# spooled on the worker's disk before they land (up to 26 bytes per byte of text at dupe_factor
+# 10: ~7 GB per 256 MiB unit, one unit per vCPU), and so is an output shard before its upload
+# (bertjax/atomic.py): DISK_GB=250 instead of the 25 GB Dataflow gives batch jobs with its
+# Shuffle service.
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
 # shellcheck source=dataflow.sh
@@ -44,5 +54,11 @@ require_gcs INPUT
 require_gcs OUTPUT
 require_gcs VOCAB
 refuse_flags input_file output_file vocab_file runner beam_pipeline_options -- "$@"
+MACHINE_TYPE="${MACHINE_TYPE:-n2-standard-4}"
+DISK_GB="${DISK_GB:-250}"
+unit_bytes=(--work_unit_bytes=268435456)
+for arg in "$@"; do
+  [[ "$arg" != --work_unit_bytes=* && "$arg" != --work_unit_bytes ]] || unit_bytes=()
+done
 dataflow_run create_pretraining_data \
-  --input_file="$INPUT" --output_file="$OUTPUT" --vocab_file="$VOCAB" "$@"
+  --input_file="$INPUT" --output_file="$OUTPUT" --vocab_file="$VOCAB" "${unit_bytes[@]}" "$@"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds a WordPiece vocab (or a SentencePiece model) from raw text on GCS with Google Cloud
 # Dataflow: the command is vocab --runner=DataflowRunner (bertjax/data/vocab_beam.py). Dataflow's
-# workers read the corpus and count its words (or draw the SentencePiece sample); the learner then
-# runs on this machine, which needs memory for one count per distinct word. The vocab is the one
-# a local run of the same flags builds, byte for byte.
+# workers read the corpus, count its words and keep only what the WordPiece learner uses (at most
+# its 5,000,000 most frequent words, whatever the corpus), or draw the SentencePiece sample; the
+# learner then runs on this machine, which needs memory for those (docs/benchmarks.md, "Offline
+# TFRecords"). The vocab is the one a local run of the same flags builds, byte for byte.
 #
 #   PROJECT=my-project REGION=us-central1 INPUT='gs://BUCKET/corpus/*.txt.gz' \
 #     OUTPUT=gs://BUCKET/vocab.txt bash launch/create_vocab_dataflow.sh --vocab_size=30522 \
@@ -26,6 +27,7 @@
 #   JOB_NAME          default bertjax-vocab-<UTC time>
 #   MAX_WORKERS       --max_num_workers (Dataflow's autoscaling ceiling)
 #   MACHINE_TYPE      --worker_machine_type, e.g. n2-standard-8
+#   DISK_GB           --disk_size_gb, a worker's disk, default 250 (below)
 #   PYTHON            default python3, with bertjax[beam] installed (pip install -e '.[beam]')
 #   DRY_RUN=1         print the commands instead of running them
 # shellcheck source-path=SCRIPTDIR source=common.sh

@@ -31,7 +31,7 @@ refuse_flags() {
 
 # dataflow_run MODULE ARGS...: python -m bertjax.MODULE --runner=DataflowRunner ARGS, with
 # Beam's options from PROJECT, REGION, TEMP_LOCATION (default gs://<OUTPUT's bucket>/dataflow),
-# JOB_NAME (default bertjax-MODULE-<UTC time>), MAX_WORKERS, MACHINE_TYPE and the sdist of this
+# JOB_NAME (default bertjax-MODULE-<UTC time>), MAX_WORKERS, MACHINE_TYPE, DISK_GB and the sdist of this
 # checkout, built first with PYTHON (default python3) in a directory removed at exit.
 dataflow_run() {
   local module="$1" bucket repo version sdist
@@ -57,6 +57,7 @@ dataflow_run() {
   options+=(--job_name="$JOB_NAME" --extra_package="$sdist")
   [[ -z "${MAX_WORKERS:-}" ]] || options+=(--max_num_workers="$MAX_WORKERS")
   [[ -z "${MACHINE_TYPE:-}" ]] || options+=(--worker_machine_type="$MACHINE_TYPE")
+  [[ -z "${DISK_GB:-}" ]] || options+=(--disk_size_gb="$DISK_GB")
 
   run "$PYTHON" -m build --sdist --outdir "$DATAFLOW_DIST" "$repo"
   [[ "${DRY_RUN:-0}" == 1 || -f "$sdist" ]] || die "python -m build wrote no $sdist"

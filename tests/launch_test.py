@@ -485,24 +485,39 @@ VERSION = next(
 )
 
 
-def test_dataflow_builds_an_sdist_and_runs_the_builder_on_dataflow(tmp_path):
+@pytest.mark.parametrize(
+    "given, defaults",
+    [
+        ({}, ["--work_unit_bytes=268435456"]),  # docs/benchmarks.md: memory flat up to 256 MiB
+        ({"MACHINE_TYPE": "n2-x", "DISK_GB": "30", "units": ["--work_unit_bytes=1000"]}, []),
+    ],
+    ids=["defaults", "given"],
+)
+def test_dataflow_builds_an_sdist_and_runs_the_builder_on_dataflow(tmp_path, given, defaults):
     launch = Launch(tmp_path)
-    flags = ["--num_output_shards=8", "--dupe_factor=10", "--pack_sequences"]
-    env = {**DATAFLOW, "PYTHON": "python-local", "JOB_NAME": "job-1", "MAX_WORKERS": "50"}
+    flags = [
+        "--num_output_shards=8",
+        "--dupe_factor=10",
+        "--pack_sequences",
+        *given.pop("units", []),
+    ]
+    env = {**DATAFLOW, "PYTHON": "python-local", "JOB_NAME": "job-1", "MAX_WORKERS": "50", **given}
     result = launch("create_data_dataflow.sh", *flags, **env)
     assert result.returncode == 0, result.stderr
     build, builder = _records(tmp_path / "python.jsonl")
     dist = build["argv"][4]
     assert build["argv"] == ["-m", "build", "--sdist", "--outdir", dist, str(REPO)]
+    machine = given.get("MACHINE_TYPE", "n2-standard-4")  # over twice a worker's measured peak
     options = (
         "--project=proj --region=us-central1 --temp_location=gs://bkt/dataflow --job_name=job-1 "
-        f"--extra_package={dist}/bertjax-{VERSION}.tar.gz --max_num_workers=50"
-    )
+        f"--extra_package={dist}/bertjax-{VERSION}.tar.gz --max_num_workers=50 "
+        f"--worker_machine_type={machine} --disk_size_gb={given.get('DISK_GB', '250')}"
+    )  # a unit's pieces and a shard are spooled on the worker's disk
     assert builder["argv"] == [
         "-m", "bertjax.create_pretraining_data", "--runner=DataflowRunner",
         f"--beam_pipeline_options={options}", "--input_file=gs://bkt/corpus/*.txt.gz",
         "--output_file=gs://bkt/tfrecords/train.tfrecord", "--vocab_file=gs://bkt/vocab.txt",
-        *flags,
+        *defaults, *flags,
     ]  # fmt: skip
     assert not pathlib.Path(dist).exists()  # the sdist's directory is removed
     assert launch.calls() == []  # no gcloud: Beam's Dataflow runner submits the job
