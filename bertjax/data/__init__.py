@@ -11,6 +11,8 @@ Modules in the order data flows through them:
 * ``masking``: seeded 80/10/10 MLM masking on numpy batches.
 * ``tfrecords``: the original BERT TFRecord format: writing, checking, per-host reading.
 * ``pipeline``: the per-host ``tf.data`` pipeline; its docstring is the batch contract.
-* ``offline``: corpus -> sharded masked TFRecords in parallel worker processes.
+* ``offline``: corpus -> sharded masked TFRecords in parallel worker processes (``work_units``:
+  the corpus cut; ``shard_pieces``: each unit's part of the shards, checked before it is
+  appended; ``offline_beam``: the same on Apache Beam).
 * ``stats``: what a user needs to trust a dataset (mask rate, NSP balance, lengths, ...).
 """

@@ -26,8 +26,8 @@ pipeline's window) in the unit's shuffled order, and the packed rows take the re
 **Memory** does not grow with the unit: a worker holds a few MiB of its unit's text at a time
 (``work_units.unit_lines``), ``--random_doc_pool`` tokenized documents, the ``--shuffle_buffer``
 rows (``4 (L + 4)`` bytes each), one masked block and, packing, one window of masked instances
-(about ``4 (3 L + 3 P + 1)`` bytes each) and its packed rows
-(``bench/create_data_memory_bench.py``).
+(about ``4 (3 L + 3 P + 1)`` bytes each) and its packed rows: measured flat from 16 to 256 MiB
+units (``bench/create_data_memory_bench.py``; docs/benchmarks.md, "Memory per worker").
 
 **Nothing goes missing silently** (``bertjax.data.shard_pieces``): a unit's attempt writes its
 pieces under names of its own and lands them only when the whole unit succeeded, and returns
