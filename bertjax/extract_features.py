@@ -32,7 +32,9 @@ def _define_flags() -> None:
     flags.DEFINE_integer("max_seq_length", 128, "Word pieces per example incl. [CLS]/[SEP].")
     flags.DEFINE_integer("batch_size", 8, "Rows per forward pass.")
     flags.DEFINE_boolean("pack_sequences", False, "Pack whole examples into rows (same output).")
-    flags.DEFINE_integer("max_sequences_per_pack", 3, "--pack_sequences: examples per row.")
+    flags.DEFINE_integer("max_sequences_per_pack", 0,
+                         "--pack_sequences: examples per row; 0: ceil(max_seq_length / 32), as "
+                         "the configs' default")  # fmt: skip
     flags.mark_flags_as_required(["input_file", "output_file", "checkpoint"])
 
 

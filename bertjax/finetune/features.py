@@ -38,6 +38,7 @@ import numpy as np
 from etils import epath
 
 from bertjax import atomic
+from bertjax.data import packing
 from bertjax.interop import formats
 from bertjax.interop.converted import Converted, ConvertError, read_lines
 from bertjax.model.attention import self_check
@@ -194,7 +195,7 @@ def _validate(conv: Converted, max_seq_length: int, batch_size: int, vocab_size:
 def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int],
             max_seq_length: int = 128, batch_size: int = 8, vocab_file: str | None = None,
             do_lower_case: bool | None = None, pack: bool = False,
-            max_sequences_per_pack: int = 3) -> int:  # fmt: skip
+            max_sequences_per_pack: int = 0) -> int:  # fmt: skip
     """Writes the JSON lines for every line of ``input_file``; returns the number written."""
     import tensorflow as tf  # noqa: PLC0415 - heavy; only the tokenizer needs it
 
@@ -211,6 +212,8 @@ def extract(checkpoint: str, input_file: str, output_file: str, layers: list[int
     casing = conv.do_lower_case if do_lower_case is None else do_lower_case
     tokenizer = WordPieceTokenizer(vocab_file or conv.vocab_file, casing)
     _validate(conv, max_seq_length, batch_size, tokenizer.vocab_size)
+    if pack and max_sequences_per_pack == 0:  # the configs' default, K = ceil(L / 32)
+        max_sequences_per_pack = packing.default_pack_width(max_seq_length)
     if pack and max_sequences_per_pack < 1:
         raise ExtractError(
             f"--max_sequences_per_pack={max_sequences_per_pack}: expected a positive integer"

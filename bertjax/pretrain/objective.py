@@ -39,7 +39,7 @@ PACKED_KEYS = pipeline.PACKED_FEATURES
 def pack_width(config) -> int:
     """K, the instances a packed row holds (``data.max_sequences_per_pack``), or 0 unpacked."""
     data = config.data
-    return int(data.max_sequences_per_pack) if data.get("pack_sequences", False) else 0
+    return int(data.max_sequences_per_pack) if data.pack_sequences else 0
 
 
 # The objective's metrics in the console line, in order, with their names there.
