@@ -46,9 +46,14 @@ lost), never trusted.
 step with the other processes; the loop restores that step explicitly (``manager.restore(step)``,
 not ``latest_step()``, which would take a newer unverified step). ``None`` with
 :func:`step_dirs` non-empty means no checkpoint verifies: the loop says so and starts nothing
-(it must not silently start from scratch over a corrupt run). Newer unverified steps stay for
-inspection; the loop must remove them before it saves those steps again (orbax refuses to save
-a step that exists). Only process 0 writes manifests.
+(it must not silently start from scratch over a corrupt run). Steps newer than the restored one
+are moved to ``checkpoints_rejected/`` (local disks) or deleted, manifest first (``gs://``), once
+the run is accepted and before it saves those steps again (orbax refuses to save a step that
+exists; ``bertjax.training.workdir``). Only process 0 writes manifests.
+
+**Deleting.** Nothing here deletes a sealed step: orbax's ``max_to_keep`` is off and
+``bertjax.training.retention`` deletes steps beyond ``keep`` from the sealer's thread, only
+after a newer step is sealed (``ManifestSealer(on_sealed=)``).
 """
 
 from __future__ import annotations
