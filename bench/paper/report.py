@@ -1,0 +1,325 @@
+"""The paper miniature's report: ``OUT/results/*.json`` -> Markdown tables in the layout of
+docs/paper_miniature.md.
+
+    python -m bench.paper.report --out_dir=OUT [--output=FILE.md]   # default: print
+
+Only what the runs wrote is shown (``bench.paper.run`` writes one results file per finished
+run); a plan run without one is listed under "Missing runs", and its cells say ``missing``.
+Tables follow the paper's layout, the paper's own numbers (BERT-BASE) beside the miniature's:
+
+- Table 5 (pretraining tasks): dev score per task, mean ± sample standard deviation over the
+  restarts at the learning rate whose mean is best (the paper selects the best single run; its
+  best is shown too), for BERT, No NSP, LTR & No NSP, + BiLSTM, no pretraining and the continued
+  public checkpoint.
+- Table 6 (model size): held-out MLM accuracy and perplexity (exp of the MLM loss) at the end of
+  pretraining, and the fine-tuned dev scores, per (L, H, A).
+- Table 7 (feature-based, NER): fine-tuning against the six layer combinations.
+- Curves: held-out MLM / LTR accuracy against pretraining steps, and the dev score of models
+  fine-tuned from intermediate steps (tables, and ``curves.png`` beside the output with
+  ``--output`` when matplotlib is installed).
+
+Each table names the runs' machine, dates, commit and the command that made them. A scale other
+than ``full`` is headed as a plumbing check, not a finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+# The paper's dev numbers, BERT-BASE (Devlin et al., 2019, Tables 5-7).
+PAPER_TABLE5 = {  # model -> (MNLI-m, QNLI) dev accuracy
+    "bert": (84.4, 88.4),
+    "no_nsp": (83.9, 84.9),
+    "ltr": (82.1, 84.3),
+    "bilstm": (82.1, 84.1),
+}
+PAPER_TABLE6 = {  # (L, H, A) -> (LM ppl, MNLI-m dev accuracy)
+    (3, 768, 12): (5.84, 77.9),
+    (6, 768, 3): (5.24, 80.6),
+    (6, 768, 12): (4.68, 81.9),
+    (12, 768, 12): (3.99, 84.4),
+    (12, 1024, 16): (3.54, 85.7),
+    (24, 1024, 16): (3.23, 86.6),
+}
+PAPER_TABLE7 = {  # CoNLL-2003 dev F1, BERT-BASE
+    "fine-tuning": 96.4,
+    "embeddings": 91.0,
+    "second_to_last": 95.6,
+    "last": 94.9,
+    "last_four_sum": 95.9,
+    "last_four_concat": 96.1,
+    "all_sum": 95.5,
+}
+TABLE5_ROWS = (  # (label, results name prefix, model)
+    ("BERT (MLM + NSP)", "finetune", "bert"),
+    ("No NSP", "finetune", "no_nsp"),
+    ("LTR & No NSP", "finetune", "ltr"),
+    ("+ BiLSTM", "bilstm", "ltr"),
+    ("No pretraining (random init)", "finetune", "no_pretraining"),
+    ("all-MiniLM-L6-v2 continued (ceiling)", "finetune", "minilm_continued"),
+)
+TASK_COLUMNS = ("vitaminc", "qnli", "wnut16")
+
+
+def load(out_dir: str) -> tuple[dict, dict]:
+    """(plan.json, {run name: results record}) of ``out_dir``; a ValueError if it has no plan."""
+    plan_file = os.path.join(out_dir, "plan.json")
+    if not os.path.exists(plan_file):
+        raise ValueError(f"--out_dir={out_dir}: no plan.json (run python -m bench.paper.run first)")
+    with open(plan_file, encoding="utf-8") as f:
+        plan = json.load(f)
+    records = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "results", "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        records[record["name"]] = record
+    return plan, records
+
+
+def sweep_summary(sweep: dict) -> dict:
+    """Per learning rate the dev scores over seeds; the rate with the best mean, its mean and
+    sample standard deviation (0 for one seed), its number of seeds, and the best single run."""
+    by_rate: dict[float, list[float]] = {}
+    for row in sweep["rows"]:
+        by_rate.setdefault(float(row["learning_rate"]), []).append(float(row["score"]))
+    means = {rate: sum(s) / len(s) for rate, s in by_rate.items()}
+    rate = max(means, key=lambda r: (means[r], -list(by_rate).index(r)))
+    scores = by_rate[rate]
+    spread = 0.0
+    if len(scores) > 1:
+        spread = math.sqrt(sum((s - means[rate]) ** 2 for s in scores) / (len(scores) - 1))
+    best = max(float(r["score"]) for r in sweep["rows"])
+    return {
+        "learning_rate": rate,
+        "mean": means[rate],
+        "std": spread,
+        "seeds": len(scores),
+        "best": best,
+        "metric": sweep["primary_metric"],
+    }
+
+
+def _cell(records: dict, name: str) -> str:
+    if name not in records:
+        return "missing"
+    s = sweep_summary(records[name]["results"]["sweep"])
+    spread = f"{s['mean']:.1f} ± {s['std']:.1f} (n={s['seeds']}, lr {s['learning_rate']:g}"
+    return f"{spread}; best {s['best']:.1f})"
+
+
+def _provenance(records: list[dict], command: str) -> str:
+    if not records:
+        return "_no finished run yet_\n"
+    dates = sorted(r["date"] for r in records)
+    machines = sorted({r["machine"] for r in records})
+    commits = sorted({r["commit"] for r in records})
+    return (
+        f"_Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Commit: "
+        f"{', '.join(commits)}. Command: `{command}`._\n"
+    )
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def table5(records: dict) -> tuple[str, list[dict]]:
+    rows, used = [], []
+    for label, kind, model in TABLE5_ROWS:
+        names = [f"{kind}/{model}/{t}" for t in TASK_COLUMNS]
+        used += [records[n] for n in names if n in records]
+        paper = PAPER_TABLE5.get("bilstm" if kind == "bilstm" else model)
+        paper_cells = [f"{p:.1f}" for p in paper] if paper else ["-", "-"]
+        rows.append([label, *[_cell(records, n) for n in names], *paper_cells])
+    header = [
+        "model",
+        "VitaminC dev acc",
+        "QNLI dev acc",
+        "WNUT-16 dev F1",
+        "paper MNLI-m",
+        "paper QNLI",
+    ]
+    return _table(header, rows), used
+
+
+def _final_eval(record: dict) -> dict:
+    curve = record["results"]["eval_curve"]
+    return curve[max(curve, key=int)]
+
+
+def table6(records: dict, plan: dict) -> tuple[str, list[dict]]:
+    rows, used = [], []
+    pretrains = [r for r in plan["runs"] if r["kind"] == "pretrain"]
+    ladder = [
+        r
+        for r in pretrains
+        if r["info"]["model"] == "bert" or r["info"]["model"].startswith("bert_L")
+    ]
+    for run in sorted(ladder, key=lambda r: (r["info"]["layers"], r["info"]["hidden"])):
+        info, record = run["info"], records.get(run["name"])
+        size = (info["layers"], info["hidden"], info["heads"])
+        if record:
+            used.append(record)
+            final = _final_eval(record)
+            lm = f"{100 * final['mlm_accuracy']:.1f} / {math.exp(final['mlm_loss']):.1f}"
+        else:
+            lm = "missing"
+        names = [f"finetune/{info['model']}/{t}" for t in TASK_COLUMNS]
+        used += [records[n] for n in names if n in records]
+        rows.append([*map(str, size), lm, *[_cell(records, n) for n in names]])
+    paper = [
+        f"{n}/{h}/{a}: ppl {p:.2f}, MNLI-m {m:.1f}" for (n, h, a), (p, m) in PAPER_TABLE6.items()
+    ]
+    header = ["#L", "#H", "#A", "held-out MLM acc % / ppl", "VitaminC", "QNLI", "WNUT-16 F1"]
+    return _table(header, rows) + "\nPaper (L/H/A): " + "; ".join(paper) + ".\n", used
+
+
+def table7(records: dict) -> tuple[str, list[dict]]:
+    used, rows = [], []
+    tuned = records.get("finetune/bert/wnut16")
+    if tuned:
+        used.append(tuned)
+    rows.append(
+        [
+            "fine-tuning (all layers)",
+            _cell(records, "finetune/bert/wnut16"),
+            f"{PAPER_TABLE7['fine-tuning']:.1f}",
+        ]
+    )
+    feature = records.get("feature_based/bert/wnut16")
+    by_name = {}
+    if feature:
+        used.append(feature)
+        for row in feature["results"]["feature_based"].get("rows", []):
+            by_name[str(row.get("combination", row.get("layers", "?")))] = row
+    for combination in list(PAPER_TABLE7)[1:]:
+        row = by_name.get(combination)
+        score = row.get("score", row.get("dev_f1")) if row else None
+        cell = (
+            "missing" if row is None else (f"{score:.1f}" if score is not None else json.dumps(row))
+        )
+        rows.append([f"feature-based: {combination}", cell, f"{PAPER_TABLE7[combination]:.1f}"])
+    header = ["approach (BERT, WNUT-16 NER)", "dev F1", "paper (CoNLL-2003 dev F1)"]
+    return _table(header, rows), used
+
+
+def curves(records: dict, plan: dict) -> tuple[str, list[dict], dict]:
+    """(markdown, records used, {series: [(step, value)]}) for the two curves."""
+    used, series = [], {}
+    for run in plan["runs"]:
+        record = records.get(run["name"])
+        if run["kind"] != "pretrain" or record is None or run["info"]["model"] == "no_pretraining":
+            continue
+        used.append(record)
+        # An LTR run's "mlm_accuracy" is its next-token accuracy at every position.
+        curve, objective = record["results"]["eval_curve"], run["info"]["objective"].upper()
+        points = [(int(s), 100 * v["mlm_accuracy"]) for s, v in curve.items()]
+        series[f"held-out {objective} acc: {run['info']['model']}"] = points
+    tasks = sorted(
+        {
+            r["info"]["task"]
+            for r in plan["runs"]
+            if r["kind"] == "finetune" and "@" in r["info"]["model"]
+        }
+    )
+    for run in plan["runs"]:
+        model = run["info"].get("model", "")
+        if run["kind"] != "finetune" or run["info"].get("task") not in tasks:
+            continue
+        base = model.split("@")[0]
+        if base not in ("bert", "ltr"):
+            continue
+        record = records.get(run["name"])
+        key = f"{run['info']['task']} dev: {base}"
+        series.setdefault(key, [])
+        if record:
+            used.append(record)
+            series[key].append(
+                (run["info"]["step"], sweep_summary(record["results"]["sweep"])["mean"])
+            )
+    steps = sorted({s for points in series.values() for s, _ in points})
+    rows = []
+    for name, points in series.items():
+        values = dict(points)
+        rows.append([name, *(f"{values[s]:.1f}" if s in values else "" for s in steps)])
+    header = ["series \\ pretraining step", *map(str, steps)]
+    return _table(header, rows), used, series
+
+
+def plot(series: dict, path: str) -> bool:
+    """The curves as a PNG; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (held_out, downstream) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, points in series.items():
+        axis = held_out if name.startswith("held-out") else downstream
+        if points:
+            axis.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
+    for axis, title in ((held_out, "held-out accuracy (%)"), (downstream, "dev score (%)")):
+        axis.set_xlabel("pretraining step")
+        axis.set_title(title)
+        axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def render(out_dir: str, png_path: str = "") -> str:
+    plan, records = load(out_dir)
+    command = plan["command"]
+    parts = [f"# The paper in miniature: scale `{plan['scale']}`\n"]
+    if plan["scale"] != "full":
+        parts.append(
+            f"**Scale `{plan['scale']}` checks the plumbing: tiny models, few steps and "
+            "examples. These numbers are not findings.**\n"
+        )
+    for title, (text, used) in (
+        ("Table 5: pretraining tasks", table5(records)),
+        ("Table 6: model size", table6(records, plan)),
+        ("Table 7: feature-based NER", table7(records)),
+    ):
+        parts += [f"## {title}\n", text, _provenance(used, command)]
+    text, used, series = curves(records, plan)
+    parts += ["## Curves: accuracy against pretraining steps\n", text]
+    if png_path and plot(series, png_path):
+        parts.append(f"![curves]({os.path.basename(png_path)})\n")
+    parts.append(_provenance(used, command))
+    missing = [r["name"] for r in plan["runs"] if r["name"] not in records]
+    parts.append("## Missing runs\n")
+    parts.append("\n".join(f"- `{m}`" for m in missing) + "\n" if missing else "None.\n")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.paper.report", description=__doc__)
+    parser.add_argument("--out_dir", default="")
+    parser.add_argument("--output", default="", help="write here (and curves.png beside it)")
+    args = parser.parse_args(argv)
+    try:
+        png = os.path.join(os.path.dirname(os.path.abspath(args.output)), "curves.png")
+        text = render(args.out_dir, png if args.output else "")
+    except ValueError as e:
+        print(f"bench.paper.report: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The plan's two in-process steps; both only copy files, and both write their output whole or
+not at all (a temporary directory renamed into place).
+
+- :func:`subset`: a task folder with every k-th example of its train and dev files, k chosen so
+  that about ``train_examples`` / ``dev_examples`` remain (0 = all). The data's files are
+  grouped by article or page (bench/paper/DATA.md), so a stride, not the first N, spans them.
+  TSVs keep their header; CoNLL files are cut at sentence (blank-line) boundaries; the test
+  files the readers do not require are not copied (the miniature reports dev, as the paper's
+  ablations do).
+- :func:`snapshot`: step S of a pretraining workdir as a workdir that holds only that step: the
+  record files beside ``checkpoints/S/`` (layout: ``bertjax.training.checkpoint``), which
+  ``init_checkpoint`` reads as its newest verified step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+
+from bertjax.training import checkpoint, workdir
+
+# Every labelled evaluation split the task's reader requires (MNLI's reader reads both of its;
+# VitaminC's dev_mismatched.tsv is its test split, bench/paper/DATA.md); the sweep selects by the
+# first.
+DEV_FILES = ("dev.tsv", "dev_matched.tsv", "dev_mismatched.tsv", "dev.txt")
+TRAIN_FILES = ("train.tsv", "train.txt")
+RECORD_FILES = (workdir.META_FILE, checkpoint.CONFIG_FILE, checkpoint.VOCAB_FILE, "config.json")
+
+
+class StepError(ValueError):
+    """A step's input is missing or unusable; the message is one line naming it."""
+
+
+def _examples(text: str, conll: bool) -> tuple[str, list[str]]:
+    """(header, examples): TSV rows after the header, or CoNLL blank-line-separated blocks."""
+    if conll:
+        return "", [b.strip("\n") + "\n" for b in text.split("\n\n") if b.strip()]
+    header, _, rest = text.partition("\n")
+    return header + "\n", [line + "\n" for line in rest.splitlines() if line]
+
+
+def strided(items: list, wanted: int) -> list:
+    """Every k-th item, k = ceil(len / wanted), so at most ``wanted`` remain (0: all of them)."""
+    if wanted <= 0 or len(items) <= wanted:
+        return list(items)
+    return items[:: math.ceil(len(items) / wanted)]
+
+
+def _subset_file(source: str, dest: str, wanted: int) -> int:
+    with open(source, encoding="utf-8") as f:
+        text = f.read()
+    conll = source.endswith(".txt")
+    header, examples = _examples(text, conll)
+    kept = strided(examples, wanted)
+    if not kept:
+        raise StepError(f"{source}: no examples")
+    with open(dest, "w", encoding="utf-8") as f:
+        f.write(header + ("\n" if conll else "").join(kept))
+    return len(kept)
+
+
+def subset(source: str, dest: str, train_examples: int, dev_examples: int) -> dict:
+    """Writes the task folder ``dest`` from ``source``; returns {file: examples kept}."""
+    names = [n for n in (*TRAIN_FILES, *DEV_FILES) if os.path.exists(os.path.join(source, n))]
+    if not any(n in TRAIN_FILES for n in names) or not any(n in DEV_FILES for n in names):
+        raise StepError(f"{source}: expected a train and a dev file ({', '.join(DEV_FILES)})")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".subset-", dir=os.path.dirname(dest))
+    counts = {}
+    for name in names:
+        wanted = train_examples if name in TRAIN_FILES else dev_examples
+        counts[name] = _subset_file(os.path.join(source, name), os.path.join(staging, name), wanted)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(staging, dest)
+    return counts
+
+
+def snapshot(source: str, step: int, dest: str) -> dict:
+    """Copies step ``step`` of the pretraining workdir ``source`` (and its record) to ``dest``."""
+    step_dir = os.path.join(source, workdir.CHECKPOINTS_DIR, str(step))
+    if not os.path.isdir(step_dir):
+        kept = sorted(os.listdir(os.path.join(source, workdir.CHECKPOINTS_DIR)), key=int)
+        raise StepError(
+            f"{step_dir}: no such step (kept: {', '.join(kept) or 'none'}); "
+            "config.checkpoint.keep must cover every curve step"
+        )
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".snapshot-", dir=os.path.dirname(dest))
+    for name in RECORD_FILES:
+        shutil.copy2(os.path.join(source, name), os.path.join(staging, name))
+    shutil.copytree(step_dir, os.path.join(staging, workdir.CHECKPOINTS_DIR, str(step)))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.rename(staging, dest)
+    return {"source": source, "step": step}

@@ -1,0 +1,299 @@
+"""bench/paper's runner and report without running bertjax: the plan holds the paper's runs with
+the overrides that make them comparable, in an order that reads nothing before it is written;
+the runner skips finished runs, resumes the rest, skips the dependents of a failure and the item-1
+runs; the in-process steps copy what they say; the report computes mean and spread over seeds
+from fixture results and names the missing runs; bad flags are one line."""
+
+import json
+import os
+
+import pytest
+
+from bench.paper import outcomes, plan, report, run, scales, steps
+
+SMOKE = scales.SCALES["smoke"]
+FULL = scales.SCALES["full"]
+
+
+def _plan(scale=SMOKE, minilm="/m"):
+    return plan.build("/data", "/out", scale, minilm)
+
+
+def _overrides(r: plan.Run) -> dict:
+    return dict(a[len("--config.") :].split("=", 1) for a in r.argv if a.startswith("--config."))
+
+
+def test_the_plan_holds_every_experiment_in_an_order_that_reads_only_finished_runs():
+    runs = _plan()
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names))
+    for i, r in enumerate(runs):
+        for dep in r.after:
+            assert names.index(dep) < i, (r.name, dep)
+    pretrains = {r.get("model") for r in runs if r.kind == "pretrain"}
+    assert pretrains == {
+        "bert",
+        "no_nsp",
+        "ltr",
+        "no_pretraining",
+        "minilm_continued",
+        "bert_L1_H32",
+        "bert_L2_H96",
+    }
+    for model in pretrains:
+        assert {f"finetune/{model}/{t}" for t in ("vitaminc", "qnli", "wnut16")} <= set(names)
+    for model in plan.CURVE_MODELS:
+        for step in SMOKE.curve_steps:
+            assert f"snapshot/{model}@{step}" in names
+            assert f"finetune/{model}@{step}/vitaminc" in names
+    assert {r.name: r.needs_key for r in runs if r.needs_key} == {
+        "bilstm/ltr/vitaminc": "model.head_rnn",
+        "bilstm/ltr/qnli": "model.head_rnn",
+        "bilstm/ltr/wnut16": "model.head_rnn",
+        "feature_based/bert/wnut16": "feature_based.layers",
+    }
+
+
+def test_the_pretraining_variants_differ_only_where_the_paper_varies_them():
+    by = {r.get("model"): r for r in _plan(FULL) if r.kind == "pretrain"}
+    bert, no_nsp, ltr = (_overrides(by[m]) for m in ("bert", "no_nsp", "ltr"))
+    assert by["bert"].argv[3] == "--config=configs/bert_base.py"
+    assert by["no_nsp"].argv[3] == "--config=configs/no_nsp.py"
+    assert by["ltr"].argv[3] == "--config=configs/left_to_right.py"
+    assert no_nsp == bert
+    assert {k: v for k, v in ltr.items() if bert[k] != v} == {
+        "data.max_predictions_per_seq": str(FULL.max_seq_length)
+    }
+    assert bert["train.num_steps"] == str(FULL.pretrain_steps) and bert["seed"] == "0"
+    assert bert["model.vocab_size"] == plan.VOCAB_SIZE  # the learnt vocab's, filled in at start
+    # every curve step is still kept when the run ends
+    keep, every = int(bert["checkpoint.keep"]), int(bert["checkpoint.every_steps"])
+    assert FULL.pretrain_steps - (keep - 1) * every <= min(FULL.curve_steps)
+    floor = _overrides(by["no_pretraining"])
+    assert floor["optimizer.learning_rate"] == "0.0" and floor["train.num_steps"] == "1"
+    ladder = {
+        (o["model.num_layers"], o["model.hidden_size"])
+        for o in map(_overrides, by.values())
+        if "model.num_layers" in o
+    }
+    assert len(ladder) >= 3
+    assert _overrides(by["minilm_continued"])["init_checkpoint"] == "/m"
+    assert plan.build("/d", "/o", SMOKE, "")[4:][-1].kind  # builds without MiniLM
+    assert [r for r in plan.build("/d", "/o", SMOKE, "") if r.unavailable] == [
+        r for r in plan.build("/d", "/o", SMOKE, "") if r.name == "pretrain/minilm_continued"
+    ]
+
+
+def test_finetuning_runs_are_the_papers_sweep_from_the_right_checkpoint():
+    runs = {r.name: r for r in _plan(FULL)}
+    o = _overrides(runs["finetune/bert/vitaminc"])
+    assert o["mode"] == "sweep" and o["task.name"] == "mnli"
+    assert o["init_checkpoint"] == "/out/pretrain/bert"
+    assert o["sweep.learning_rates"] == "(" + ",".join(f"{x:g}" for x in FULL.learning_rates) + ",)"
+    assert o["sweep.num_restarts"] == str(FULL.restarts)
+    assert o["task.data_dir"] == "/out/tasks/vitaminc"
+    step = FULL.curve_steps[0]
+    curve = _overrides(runs[f"finetune/ltr@{step}/vitaminc"])
+    assert curve["init_checkpoint"] == f"/out/snapshots/ltr_at_{step}"
+    assert _overrides(runs["bilstm/ltr/qnli"])["model.head_rnn"] == "bilstm"
+    assert _overrides(runs["feature_based/bert/wnut16"])["mode"] == "feature_based"
+
+
+def test_only_selects_runs_with_everything_they_read():
+    names = [r.name for r in plan.select(_plan(), "finetune/ltr@")]
+    assert names == [
+        "vocab/corpus",
+        "subset/vitaminc",
+        "pretrain/ltr",
+        "snapshot/ltr@10",
+        "finetune/ltr@10/vitaminc",
+    ]
+    with pytest.raises(ValueError, match="'nope' matches no run"):
+        plan.select(_plan(), "nope")
+
+
+def test_resolve_fills_in_the_learnt_vocab_size(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\na\n\n")
+    assert plan.resolve(("x", "--config.model.vocab_size={vocab_size}"), str(vocab)) == [
+        "x",
+        "--config.model.vocab_size=3",
+    ]
+
+
+def _fake_plan():
+    mk = lambda name, after=(), key="": plan.Run(name, "vocab", ("true",), "/w", after, key)  # noqa: E731
+    return [
+        mk("vocab/a"),
+        mk("pretrain/b", ("vocab/a",)),
+        mk("finetune/c", ("pretrain/b",)),
+        mk("finetune/d", ("vocab/a",)),
+        mk("bilstm/e", ("vocab/a",), "model.head_rnn"),
+    ]
+
+
+def test_the_runner_skips_finished_runs_resumes_the_rest_and_isolates_failures(tmp_path, capsys):
+    calls = []
+
+    def execute(r, out_dir):
+        calls.append(r.name)
+        return (3, {"log": "L"}) if r.name in failing else (0, {"ok": r.name})
+
+    out, failing = str(tmp_path), {"pretrain/b"}
+    failed = run.run_plan(_fake_plan(), out, "smoke", ["x"], lambda k: False, execute)
+    assert failed == ["pretrain/b"]
+    assert calls == ["vocab/a", "pretrain/b", "finetune/d"]  # c waits for b; e needs item 1
+    text = capsys.readouterr().out
+    assert "skipped  finetune/c: waits for pretrain/b" in text
+    assert "skipped  bilstm/e: needs config key model.head_rnn" in text
+    record = json.load(open(plan.results_path(out, "vocab/a")))
+    assert record["results"] == {"ok": "vocab/a"} and record["scale"] == "smoke"
+    assert {"commit", "machine", "date", "argv"} <= set(record)
+    calls.clear()
+    failing = set()
+    assert run.run_plan(_fake_plan(), out, "smoke", ["x"], lambda k: True, execute) == []
+    assert calls == ["pretrain/b", "finetune/c", "bilstm/e"]  # finished ones are not rerun
+    calls.clear()
+    os.remove(plan.results_path(out, "finetune/c"))
+    run.run_plan(_fake_plan(), out, "smoke", ["x"], lambda k: True, execute)
+    assert calls == ["finetune/c"]
+
+
+def test_subset_strides_over_the_file_and_keeps_headers_and_sentences(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "out" / "t"
+    src.mkdir()
+    (src / "train.tsv").write_text("h1\th2\n" + "".join(f"{i}\tx\n" for i in range(10)))
+    (src / "dev.txt").write_text("\n\n".join(f"w{i} O\nv{i} B-person\n" for i in range(7)))
+    (src / "dev_mismatched.tsv").write_text("h\n1\n2\n")  # MNLI's reader needs both dev files
+    (src / "test.tsv").write_text("not copied\n")
+    counts = {"train.tsv": 4, "dev_mismatched.tsv": 2, "dev.txt": 3}
+    assert steps.subset(str(src), str(dst), 4, 3) == counts
+    assert (dst / "train.tsv").read_text() == "h1\th2\n0\tx\n3\tx\n6\tx\n9\tx\n"
+    assert (
+        dst / "dev.txt"
+    ).read_text() == "w0 O\nv0 B-person\n\nw3 O\nv3 B-person\n\nw6 O\nv6 B-person\n"
+    assert sorted(os.listdir(dst)) == ["dev.txt", "dev_mismatched.tsv", "train.tsv"]
+    with pytest.raises(steps.StepError, match="expected a train and a dev file"):
+        steps.subset(str(tmp_path / "out"), str(tmp_path / "x"), 1, 1)
+
+
+def test_snapshot_copies_one_step_and_the_record(tmp_path):
+    work = tmp_path / "w"
+    for name in steps.RECORD_FILES:
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(name)
+    for step in (10, 20):
+        (work / "checkpoints" / str(step) / "state").mkdir(parents=True)
+        (work / "checkpoints" / str(step) / "state" / "x").write_text(str(step))
+    steps.snapshot(str(work), 10, str(tmp_path / "s"))
+    assert os.listdir(tmp_path / "s" / "checkpoints") == ["10"]
+    assert (tmp_path / "s" / "checkpoints/10/state/x").read_text() == "10"
+    assert (tmp_path / "s" / "bertjax_workdir.json").exists()
+    with pytest.raises(steps.StepError, match="no such step \\(kept: 10, 20\\)"):
+        steps.snapshot(str(work), 30, str(tmp_path / "t"))
+
+
+def test_the_eval_curve_is_read_from_the_log_the_last_line_of_a_step_winning():
+    log = (
+        "step 10/20 loss 9\neval step 10 mlm_accuracy 0.1000 mlm_loss 7.0\n"
+        "eval step 20 mlm_accuracy 0.2500 mlm_loss 6.0\n$ resumed\n"
+        'eval step 20 mlm_accuracy 0.3000 mlm_loss 5.5\nfinal summary: {"step": 20}\n'
+    )
+    assert outcomes.eval_curve(log) == {
+        "10": {"mlm_accuracy": 0.1, "mlm_loss": 7.0},
+        "20": {"mlm_accuracy": 0.3, "mlm_loss": 5.5},
+    }
+    assert outcomes.final_summary(log) == {"step": 20}
+
+
+def _sweep(scores: dict) -> dict:
+    rows = [
+        {"learning_rate": lr, "seed": i, "score": s}
+        for lr, ss in scores.items()
+        for i, s in enumerate(ss)
+    ]
+    return {"rows": rows, "primary_metric": "accuracy"}
+
+
+def test_sweep_summary_takes_the_best_mean_rate_and_its_sample_spread():
+    s = report.sweep_summary(_sweep({1e-4: [80.0, 82.0, 84.0], 3e-4: [70.0, 90.0, 71.0]}))
+    assert (s["learning_rate"], s["mean"], s["std"], s["seeds"], s["best"]) == (
+        1e-4,
+        82.0,
+        2.0,
+        3,
+        90.0,
+    )
+    one = report.sweep_summary(_sweep({5e-5: [61.5]}))
+    assert (one["mean"], one["std"], one["seeds"]) == (61.5, 0.0, 1)
+
+
+def _write_record(out, name, kind, info, results):
+    record = {
+        "name": name,
+        "kind": kind,
+        "info": info,
+        "results": results,
+        "date": "2026-11-28",
+        "machine": "2-core test",
+        "commit": "abc1234",
+        "runner_command": "c",
+    }
+    path = plan.results_path(str(out), name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f)
+
+
+def test_the_report_shows_mean_and_spread_from_results_and_names_missing_runs(tmp_path):
+    runs = _plan()
+    with open(tmp_path / "plan.json", "w") as f:
+        json.dump(
+            {
+                "scale": "full",
+                "command": "python -m bench.paper.run --scale=full",
+                "runs": [{"name": r.name, "kind": r.kind, "info": dict(r.info)} for r in runs],
+            },
+            f,
+        )
+    _write_record(
+        tmp_path,
+        "finetune/bert/qnli",
+        "finetune",
+        {"model": "bert", "task": "qnli"},
+        {"sweep": _sweep({1e-4: [80.0, 82.0, 84.0], 3e-4: [70.0, 90.0, 71.0]})},
+    )
+    curve = {
+        "10": {"mlm_accuracy": 0.1, "mlm_loss": 2.0},
+        "20": {"mlm_accuracy": 0.25, "mlm_loss": 1.0},
+    }
+    _write_record(
+        tmp_path, "pretrain/bert", "pretrain", dict(_plan()[4].info), {"eval_curve": curve}
+    )
+    text = report.render(str(tmp_path))
+    table5 = text.split("## Table 5")[1].split("##")[0]
+    bert_row = next(line for line in table5.splitlines() if line.startswith("| BERT"))
+    assert bert_row.split(" | ")[1:4] == [
+        "missing",
+        "82.0 ± 2.0 (n=3, lr 0.0001; best 90.0)",
+        "missing",
+    ]
+    table6 = text.split("## Table 6")[1].split("##")[0]
+    assert "| 2 | 64 | 2 | 25.0 / 2.7 |" in table6  # final step's accuracy, exp(1.0) = 2.7
+    assert "2-core test" in table5 and "abc1234" in table5
+    missing = text.split("## Missing runs")[1]
+    assert "`finetune/bert/vitaminc`" in missing and "`finetune/bert/qnli`" not in missing
+    assert "not findings" not in text
+    curves = text.split("## Curves")[1].split("##")[0]
+    assert "| held-out MLM acc: bert | 10.0 | 25.0 |" in curves
+
+
+def test_bad_flags_are_one_line(tmp_path, capsys):
+    assert run.main(["--data_dir", str(tmp_path), "--out_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--data_dir={tmp_path}: no corpus/eval.txt.gz" in err
+    assert run.main(["--data_dir", str(tmp_path), "--out_dir", "o", "--scale", "huge"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "bench.paper.run: --scale=huge: expected one of smoke, full"
+    assert report.main(["--out_dir", str(tmp_path)]) == 2
+    assert "no plan.json" in capsys.readouterr().err
