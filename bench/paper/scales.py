@@ -85,13 +85,13 @@ SCALES = {
         restarts=1,
         feature_learning_rate=1e-3,
     ),
-    "full": Scale(  # ~7.3 h at the pilot's rate, under nice on a loaded machine (README)
+    "full": Scale(  # ~8 h at the pilot's rate, under nice on a loaded machine (README)
         name="full",
         corpus_files=_SHARDS,
         vocab_files=_SHARDS,
         vocab_size=8192,
         main_size=Size(2, 128, 2),
-        ladder=(Size(1, 64, 2), Size(2, 128, 2), Size(3, 192, 3)),
+        ladder=(Size(1, 64, 2), Size(2, 128, 2), Size(3, 160, 2)),
         max_seq_length=128,
         max_predictions=20,
         pretrain_batch=32,
