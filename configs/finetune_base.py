@@ -19,7 +19,7 @@ from bertjax.training import sharding
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.mode = "train"  # train | predict | sweep
+    config.mode = "train"  # train | predict | sweep | feature_based (see the section below)
     config.init_checkpoint = ""  # bertjax params-only dir, HuggingFace dir or TF1 checkpoint
     config.seed = 0  # head init, shuffling and dropout
 
@@ -51,6 +51,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.remat_policy = "none"
     config.model.attention_impl = "auto"  # auto | xla | fused (see configs/base.py)
     config.model.attention_check = True  # the fused kernel's self-check (see configs/base.py)
+    # A randomly initialised BiLSTM between the encoder and the task head (the paper's Table 5
+    # "+ BiLSTM"; bertjax/model/heads.py): none | bilstm. Token heads (tagging, span) score its
+    # outputs, sentence heads its final forward and backward states. HF export has no class for it.
+    config.model.head_rnn = "none"
+    config.model.head_rnn_size = 0  # units per direction; 0 = the encoder's hidden size
+    config.model.head_rnn_layers = 1
 
     # ---- data ----
     config.data = ml_collections.ConfigDict()
@@ -103,6 +109,19 @@ def get_config() -> ml_collections.ConfigDict:
     config.sweep = ml_collections.ConfigDict()
     config.sweep.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)
     config.sweep.num_restarts = 1  # the paper restarted BERT-LARGE on small sets; raise for that
+
+    # The paper's feature-based approach (Table 7; bertjax/finetune/feature_based.py), mode
+    # feature_based: the encoder runs once over every split and stays frozen; one head per layer
+    # combination (a BiLSTM, then the task's classifier) trains on those activations.
+    # Comma-separated: embeddings | second_to_last | last | last_four_sum | last_four_concat |
+    # all_sum, or 'all' for the six (*_sum: a learned softmax-weighted sum, ELMo's scalar mix).
+    config.feature_based = ml_collections.ConfigDict()
+    config.feature_based.layers = "last_four_concat"
+    config.feature_based.rnn_size = 768  # the head's BiLSTM units per direction (paper: 768)
+    config.feature_based.rnn_layers = 2  # paper: two layers
+    # Where the activations are kept (one .npy per layer and split, local disk); '' = WORKDIR/
+    # activations. A run with the same checkpoint, task data and length reuses them.
+    config.feature_based.activations_dir = ""
 
     # The device mesh, as in pretraining (configs/base.py): ('data', 'fsdp', 'tensor') sizes, one
     # -1 takes the remaining devices; logical axis -> mesh axes rules (bertjax.training.sharding).

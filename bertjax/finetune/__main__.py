@@ -1,6 +1,7 @@
 """``python -m bertjax.finetune --config=configs/finetune_glue.py --workdir=OUT [--config.x=...]``.
 
-Thin entry point: parses flags and dispatches on ``config.mode`` (see ``bertjax.finetune.loop``).
+Thin entry point: parses flags and dispatches on ``config.mode`` (see ``bertjax.finetune.loop``;
+``feature_based``: ``bertjax.finetune.feature_based``).
 Bad input is printed as one line and exits 1.
 """
 
@@ -12,7 +13,7 @@ from ml_collections import config_flags
 from bertjax import cli
 from bertjax.finetune import schema
 
-MODES = ("train", "predict", "sweep")
+MODES = ("train", "predict", "sweep", "feature_based")
 
 
 def _define_flags() -> None:
@@ -22,7 +23,7 @@ def _define_flags() -> None:
 
 
 def _run(flag_values: flags.FlagValues) -> None:
-    from bertjax.finetune import loop, sweep
+    from bertjax.finetune import feature_based, loop, sweep
     from bertjax.finetune.tasks import FinetuneInputError
 
     if not flag_values["verbosity"].present:
@@ -34,6 +35,8 @@ def _run(flag_values: flags.FlagValues) -> None:
         loop.train_and_evaluate(config, workdir)
     elif config.mode == "predict":
         print(f"wrote {', '.join(loop.predict(config, workdir))}", flush=True)
+    elif config.mode == "feature_based":
+        feature_based.run(config, workdir)
     else:
         sweep.sweep(config, workdir)
 

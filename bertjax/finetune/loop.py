@@ -58,6 +58,7 @@ from bertjax.finetune.objective import (
     Predictor,
     attention_shapes,
     build_model,
+    head_rnn,
     model_input_specs,
     objective_for,
 )
@@ -84,7 +85,14 @@ def _run_signature(config, task, learning_rate: float, seed: int, num_steps: int
         "num_steps": int(num_steps),
         # Only when packed: the workdirs of unpacked runs resume as before.
         **({"max_sequences_per_pack": _pack_width(config)} if _pack_width(config) else {}),
+        # Only with a BiLSTM head (its params are another tree), as packing.
+        **({"head_rnn": _rnn_text(config)} if config.model.head_rnn != "none" else {}),
     }
+
+
+def _rnn_text(config) -> str:
+    model = config.model
+    return f"{model.head_rnn} {model.head_rnn_size}x{model.head_rnn_layers}"
 
 
 def _pack_width(config) -> int:
@@ -285,9 +293,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(
         config, workdir=workdir
     )
+    rnn = head_rnn(config, bert_config)  # a bad head_rnn fails before the data is read
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
-    model = build_model(task, bert_config)
+    model = build_model(task, bert_config, rnn)
     train_features = data.features[task.train_split]
     params, init = inputs.initial_params(
         model, pretrained, train_features.arrays, jax.random.key(config.seed), workdir
@@ -339,7 +348,7 @@ def pack_train(config, task, train_features):
 def _checked(task, model, example: dict, mesh, pack: int):
     """``model`` with the attention kernel its self-check decides at the run's shapes, on the
     run's devices, before a step is built (``bertjax.training.kernel_check``)."""
-    shapes = attention_shapes(task, example, pack, model.config)
+    shapes = attention_shapes(task, example, pack, model.config, model.rnn)
     fitted = sh.bert_config_for(model.config, mesh)
     return model.clone(config=kernel_check.checked(fitted, mesh, shapes))
 
@@ -374,6 +383,7 @@ def predict(config, workdir: str) -> list[str]:
     path = config.task.predict_checkpoint or os.path.join(workdir, "checkpoint")
     task, pretrained, bert_config, _, _, tokenizer = inputs.prepare(config, checkpoint_path=path)
     params = pretrained.params()
+    rnn = head_rnn(config, bert_config)
     splits = inputs.existing_splits(task, config, task.test_splits)
     if not splits:
         names = [task.split_path(config.task.data_dir, s) for s in task.test_splits]
@@ -381,10 +391,16 @@ def predict(config, workdir: str) -> list[str]:
             f"config.task.data_dir={config.task.data_dir!r}: none of {names} exists"
         )
     data = inputs.Data(task, config, tokenizer, splits)
-    model = build_model(task, bert_config)
+    model = build_model(task, bert_config, rnn)
     example = data.features[splits[0]].arrays
     expected = jax.eval_shape(model.init, jax.random.key(0), *model_input_specs(example))["params"]
     missing = sorted(set(expected) - set(params))
+    if ("bilstm" in params) != ("bilstm" in expected):  # its head is not the config's
+        raise FinetuneInputError(
+            f"{path}: {'a' if 'bilstm' in params else 'no'} BiLSTM head (params 'bilstm'), but "
+            f"config.model.head_rnn={config.model.head_rnn!r}: predict with the training run's "
+            "head_rnn, head_rnn_size and head_rnn_layers"
+        )
     if missing:
         raise FinetuneInputError(
             f"{path}: not a fine-tuned {task.name} checkpoint, missing {missing}"

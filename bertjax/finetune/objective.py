@@ -30,24 +30,52 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.finetune import packed as packed_lib
+from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.model import heads, losses
 from bertjax.model.attention import self_check
+from bertjax.model.bilstm import BiLSTMConfig
 from bertjax.model.config import BertConfig
 from bertjax.training import compiled
 from bertjax.training import sharding as sh
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
+HEAD_RNNS = ("none", "bilstm")  # config.model.head_rnn
 
 
-def build_model(task, bert_config: BertConfig) -> nn.Module:
-    """The model of ``task.head`` (``bertjax.model.heads``) on ``bert_config``."""
+def head_rnn(config, bert_config: BertConfig) -> BiLSTMConfig | None:
+    """The BiLSTM ``config.model.head_rnn`` puts between the encoder and the task head
+    (``bertjax.model.heads``' module docstring), or None; ``head_rnn_size`` 0 is the encoder's
+    hidden size. A FinetuneInputError naming the field for anything else."""
+    model = config.model
+    if model.head_rnn not in HEAD_RNNS:
+        raise FinetuneInputError(
+            f"config.model.head_rnn={model.head_rnn!r}: expected one of {HEAD_RNNS}"
+        )
+    if model.head_rnn == "none":
+        return None
+    if model.head_rnn_size < 0:
+        raise FinetuneInputError(
+            f"config.model.head_rnn_size={model.head_rnn_size}: expected units per direction, "
+            "or 0 for the encoder's hidden size"
+        )
+    if model.head_rnn_layers < 1:
+        raise FinetuneInputError(
+            f"config.model.head_rnn_layers={model.head_rnn_layers}: expected a positive integer"
+        )
+    size = int(model.head_rnn_size) or bert_config.hidden_size
+    return BiLSTMConfig(size, int(model.head_rnn_layers))
+
+
+def build_model(task, bert_config: BertConfig, rnn: BiLSTMConfig | None = None) -> nn.Module:
+    """The model of ``task.head`` (``bertjax.model.heads``) on ``bert_config``, with the BiLSTM
+    ``rnn`` (:func:`head_rnn`) between the encoder and the head when given."""
     if task.head in ("classification", "regression"):
-        return heads.BertForSequenceClassification(bert_config, task.num_labels)
+        return heads.BertForSequenceClassification(bert_config, task.num_labels, rnn)
     if task.head == "span":
-        return heads.BertForQuestionAnswering(bert_config)
+        return heads.BertForQuestionAnswering(bert_config, rnn)
     if task.head == "tagging":
-        return heads.BertForTokenClassification(bert_config, task.num_labels)
-    return heads.BertForMultipleChoice(bert_config)
+        return heads.BertForTokenClassification(bert_config, task.num_labels, rnn)
+    return heads.BertForMultipleChoice(bert_config, rnn)
 
 
 def model_input_specs(example: dict) -> list[jax.ShapeDtypeStruct]:
@@ -122,7 +150,7 @@ class FineTuning:
         packed = {}
         if self.packed:
             packed["positions"] = batch["positions"]
-            if self.head != "tagging":
+            if self.head != "tagging" or self.model.rnn is not None:  # a BiLSTM's K
                 packed["cls_positions"] = batch["cls_positions"]
         mask = batch["sequence_ids" if self.packed else "input_mask"]
         return self.model.apply(
@@ -144,11 +172,13 @@ class FineTuning:
         return sums["task_loss_sum"] / jnp.maximum(normalizers["task"], 1.0)
 
 
-def attention_shapes(task, example: dict, packed: int, bert_config) -> self_check.Shapes:
+def attention_shapes(task, example: dict, packed: int, bert_config, rnn=None) -> self_check.Shapes:
     """The attention calls a step of ``task`` makes on ``example``'s features (what the run's
     kernel is checked at, ``bertjax.training.kernel_check``): L keys; packed rows of K; a packed
-    sentence head's last layer queries only the K [CLS] positions when the model gathers it."""
+    sentence head's last layer queries only the K [CLS] positions when the model gathers it (not
+    under a BiLSTM ``rnn``, which reads every position)."""
     gathered = packed and task.head != "tagging" and bert_config.computes_only_output_positions
+    gathered = gathered and rnn is None
     length = int(example["input_ids"].shape[-1])
     return self_check.Shapes(length=length, queries=packed if gathered else 0, packed=packed)
 
@@ -212,7 +242,7 @@ class Predictor:
         size, outputs = self.batch_size, []
         for start in range(0, len(features), size):
             rows = {k: features.arrays[k][start : start + size] for k in self.objective.input_keys}
-            real = len(rows["input_ids"])
+            real = len(next(iter(rows.values())))
             batch = {k: sh.put_global(_pad_rows(v, size), sharding) for k, v in rows.items()}
             outputs.append(np.asarray(forward(params, batch))[:real])
         return np.concatenate(outputs) if outputs else np.zeros((0,), np.float32)

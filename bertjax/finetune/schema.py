@@ -2,10 +2,11 @@
 
 ``configs/finetune_base.py`` lists every key with its default, in pretraining's sections
 (``model``, ``data``, ``train``, ``optimizer``, ``checkpoint``, ``mesh``) plus ``task`` (what only
-a task has) and ``sweep``. The flat schema of earlier versions is gone, with no aliases: a flag
-or a config file that still uses one of its keys is one line naming the new key
-(``bertjax.cli`` asks :func:`new_key` for flags and :func:`moved` for a config file's error).
-Plain Python: the command imports it before its flags are parsed.
+a task has), ``sweep`` and ``feature_based`` (the feature-based trainer's). The flat schema of
+earlier versions is gone, with no aliases: a flag or a config file that still uses one of its
+keys is one line naming the new key (``bertjax.cli`` asks :func:`new_key` for flags and
+:func:`moved` for a config file's error). Plain Python: the command imports it before its flags
+are parsed.
 """
 
 from __future__ import annotations

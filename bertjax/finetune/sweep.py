@@ -48,9 +48,10 @@ def sweep(config, workdir: str) -> dict:
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(
         config, workdir=first
     )
+    rnn = objective_lib.head_rnn(config, bert_config)  # a bad head_rnn fails before the data
     test_splits = inputs.existing_splits(task, config, task.test_splits)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits, *test_splits])
-    model = objective_lib.build_model(task, bert_config)
+    model = objective_lib.build_model(task, bert_config, rnn)
     train_features = data.features[task.train_split]
     run_config, train_rows = T.pack_train(config, task, train_features)
     rows, best, best_params, predictor = [], -1, None, None

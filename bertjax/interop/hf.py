@@ -227,6 +227,11 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
 
 def architecture(conv: Converted) -> tuple[str, dict]:
     """The HF class for ``conv`` and the task fields of its ``config.json``."""
+    if "bilstm" in conv.params:
+        raise ConvertError(
+            "a BiLSTM head (params 'bilstm', from config.model.head_rnn='bilstm'): transformers "
+            "has no BERT class with one, so it cannot be exported to HF"
+        )
     heads = set(conv.params) - {"encoder"}
     if conv.task is None:
         if heads == {"pooler", "mlm", "nsp"}:

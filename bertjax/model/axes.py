@@ -13,7 +13,8 @@ HEADS = "heads"
 KV = "kv"
 MLP = "mlp"
 LAYERS = "layers"
-PARAM_AXES = (VOCAB, EMBED, HEADS, KV, MLP, LAYERS)
+RNN = "rnn"  # a BiLSTM head's units (bertjax.model.bilstm)
+PARAM_AXES = (VOCAB, EMBED, HEADS, KV, MLP, LAYERS, RNN)
 
 # Activation axes.
 ACT_BATCH = "act_batch"

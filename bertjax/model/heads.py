@@ -15,6 +15,16 @@ them (a pretraining checkpoint initialises a fine-tuning model by copying ``enco
 Task heads (classification/regression, span, tagging, multiple choice; used by
 ``bertjax.finetune``) are at the end of this file and use the same ``encoder``/``pooler`` names;
 their own subtrees are ``classifier/dense`` (or ``span`` for SQuAD).
+
+With ``rnn`` (a :class:`~bertjax.model.bilstm.BiLSTMConfig`: the paper's Table 5 "+ BiLSTM") a
+randomly initialised BiLSTM, subtree ``bilstm`` (``bertjax.model.bilstm``), reads the encoder's
+sequence output, each example over its own tokens (a packed row's instances each alone). Token
+heads (tagging, span) score its outputs per token. Sentence heads (classification, regression,
+choice) score the concatenation of its final forward state (after the last token) and final
+backward state (after reading back to [CLS]), <[2R]>, instead of the pooled [CLS]; the pooler is
+not used. The final states, not the BiLSTM's output at [CLS]: under the left-to-right model
+(Table 5's row) [CLS] attends only to itself, so the forward half of its output would carry
+nothing about the sentence, while the forward pass's last state has read all of it.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from flax import linen as nn
 from bertjax.model import axes as sh
 from bertjax.model import cpu_forms
 from bertjax.model.attention.dropout import Dropout
+from bertjax.model.bilstm import BiLSTM, BiLSTMConfig
 from bertjax.model.config import BertConfig
 from bertjax.model.encoder import BertEncoder, Dense, activation, gather_positions, layer_norm
 
@@ -192,14 +203,18 @@ class ClassificationOutput(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-    """[CLS] classifier on the pooled output -> <float32>[B, num_labels] (1 label: regression)."""
+    """[CLS] classifier on the pooled output -> <float32>[B, num_labels] (1 label: regression);
+    with ``rnn``, on the BiLSTM's final states (module docstring)."""
 
     config: BertConfig
     num_labels: int
+    rnn: BiLSTMConfig | None = None
 
     def setup(self):
         self.encoder = BertEncoder(self.config, name="encoder")
         self.pooler = Pooler(self.config, name="pooler")
+        if self.rnn is not None:
+            self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
 
     def __call__(
@@ -216,7 +231,15 @@ class BertForSequenceClassification(nn.Module):
 
         Packed rows (``bertjax.finetune.packed``) pass their ``sequence_ids`` as ``input_mask``,
         their ``positions`` and ``cls_positions`` <int32>[B, K], the examples' [CLS] positions:
-        the last layer runs there only and the output is <float32>[B, K, num_labels]."""
+        the last layer runs there only and the output is <float32>[B, K, num_labels] (with
+        ``rnn`` every position runs: the BiLSTM reads each example whole)."""
+        if self.rnn is not None:
+            sequence_output = self.encoder(
+                input_ids, segment_ids, input_mask, deterministic=deterministic,
+                positions=positions,
+            ).sequence_output  # fmt: skip
+            k = 0 if cls_positions is None else cls_positions.shape[1]
+            return self.classifier(self.bilstm(sequence_output, input_mask, k)[1], deterministic)
         if cls_positions is None:
             sequence_output = self.encoder(
                 input_ids, segment_ids, input_mask, deterministic=deterministic
@@ -233,47 +256,67 @@ class BertForQuestionAnswering(nn.Module):
     """Start / end vectors S, E on the sequence output -> <float32>[B, L, 2] (start, end) logits."""
 
     config: BertConfig
+    rnn: BiLSTMConfig | None = None  # S, E score the BiLSTM's outputs
 
     def setup(self):
         self.encoder = BertEncoder(self.config, name="encoder")
+        if self.rnn is not None:
+            self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.span = Dense((2,), (sh.EMBED, None), self.config, name="span")
 
     def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
         sequence_output = self.encoder(
             input_ids, segment_ids, input_mask, deterministic=deterministic
         ).sequence_output
+        if self.rnn is not None:
+            sequence_output = self.bilstm(sequence_output, input_mask)[0]
         return self.span(sequence_output).astype(jnp.float32)
 
 
 class BertForTokenClassification(nn.Module):
-    """Per-token tagger on the sequence output -> <float32>[B, L, num_labels]."""
+    """Per-token tagger on the sequence output (with ``rnn``, on the BiLSTM's outputs) ->
+    <float32>[B, L, num_labels]."""
 
     config: BertConfig
     num_labels: int
+    rnn: BiLSTMConfig | None = None
 
     def setup(self):
         self.encoder = BertEncoder(self.config, name="encoder")
+        if self.rnn is not None:
+            self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
 
     def __call__(
-        self, input_ids, segment_ids, input_mask, *, deterministic: bool = True, positions=None
-    ):
+        self, input_ids, segment_ids, input_mask, *, deterministic: bool = True, positions=None,
+        cls_positions=None,
+    ):  # fmt: skip
         """<int32>[B, L] x3 -> <float32>[B, L, num_labels]; packed rows pass their
-        ``sequence_ids`` as ``input_mask`` and their ``positions``."""
+        ``sequence_ids`` as ``input_mask`` and their ``positions`` (with ``rnn`` also their
+        ``cls_positions`` <int32>[B, K]: K, the instances the BiLSTM reads alone)."""
         sequence_output = self.encoder(
             input_ids, segment_ids, input_mask, deterministic=deterministic, positions=positions
         ).sequence_output
+        if self.rnn is not None:
+            if positions is not None and cls_positions is None:
+                raise ValueError("a packed row's BiLSTM needs its cls_positions (K instances)")
+            k = 0 if cls_positions is None else cls_positions.shape[1]
+            sequence_output = self.bilstm(sequence_output, input_mask, k)[0]
         return self.classifier(sequence_output, deterministic)
 
 
 class BertForMultipleChoice(nn.Module):
-    """A vector V scores each choice's pooled output -> <float32>[B, C] (softmax over choices)."""
+    """A vector V scores each choice's pooled output (with ``rnn``, its BiLSTM final states) ->
+    <float32>[B, C] (softmax over choices)."""
 
     config: BertConfig
+    rnn: BiLSTMConfig | None = None
 
     def setup(self):
         self.encoder = BertEncoder(self.config, name="encoder")
         self.pooler = Pooler(self.config, name="pooler")
+        if self.rnn is not None:
+            self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, 1, name="classifier")
 
     def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
@@ -283,5 +326,8 @@ class BertForMultipleChoice(nn.Module):
         sequence_output = self.encoder(
             flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic
         ).sequence_output
-        scores = self.classifier(self.pooler(sequence_output), deterministic)
-        return scores.reshape(batch, choices)
+        if self.rnn is not None:
+            summary = self.bilstm(sequence_output, flat(input_mask))[1]
+        else:
+            summary = self.pooler(sequence_output)
+        return self.classifier(summary, deterministic).reshape(batch, choices)

