@@ -15,7 +15,8 @@ the one below), with the logical axes of ``bertjax.model.axes``::
 The cell is ``nn.OptimizedLSTMCell`` (``nn.LSTMCell``'s math and names, its matmuls fused):
 ``i, f, g, o = σ, σ, tanh, σ(x·W_i* + h·W_h* + b_h*)``, ``c' = f·c + i·g``, ``h' = o·tanh(c')``;
 in PyTorch's ``nn.LSTM`` terms ``weight_ih`` is the four input kernels transposed and stacked
-in i, f, g, o order, ``weight_hh`` the hidden ones, ``bias_hh`` the biases and ``bias_ih`` zero (``tests/model/bilstm_test.py`` checks it so).
+in i, f, g, o order, ``weight_hh`` the hidden ones, ``bias_hh`` the biases and ``bias_ih`` zero
+(``tests/model/bilstm_test.py`` checks it so).
 Kernels are drawn as every BERT weight (truncated normal(0, initializer_range)), biases are 0:
 the same draw a fine-tuning run gives a fresh head (``bertjax.finetune.inputs.init_params``).
 

@@ -224,6 +224,8 @@ def test_classification_head_learns_from_frozen_activations(
         ({"data.pack_sequences": True}, "config.data.pack_sequences: the feature-based trainer"),
         ({"model.scan_layers": True}, "config.model.scan_layers: the feature-based trainer"),
         ({"task.name": "squad_v1"}, "config.task.name='squad_v1': the feature-based trainer"),
+        ({"feature_based.rnn_size": 0}, "config.feature_based.rnn_size=0: expected a positive"),
+        ({"feature_based.rnn_layers": 0}, "config.feature_based.rnn_layers=0: expected a pos"),
     ],
 )
 def test_what_it_does_not_do_is_one_line_naming_the_field(overrides, message):

@@ -1,7 +1,10 @@
 """Task heads vs HF transformers' PyTorch task models, on the real all-MiniLM-L6-v2 weights.
 
 The pretrained encoder/pooler come through ``bertjax.interop``; each head gets the same random
-weights on both sides (ours <H, C> kernels = HF's <C, H> Linear weights transposed).
+weights on both sides (ours <H, C> kernels = HF's <C, H> Linear weights transposed). With a BiLSTM
+(``config.model.head_rnn``) the reference is HF's ``BertModel`` -> PyTorch's two-layer
+bidirectional ``nn.LSTM`` with the same weights -> the same Linear: per token for tagging, on
+``[h_n forward; h_n backward]`` for classification.
 """
 
 import jax
@@ -11,9 +14,11 @@ import pytest
 from bertjax.finetune import inputs, objective
 from bertjax.interop import formats
 from bertjax.model import heads
+from bertjax.model.bilstm import BiLSTMConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+lstm_reference = pytest.importorskip("tests.model.lstm_reference")
 
 
 @pytest.fixture(scope="module")
@@ -96,5 +101,42 @@ def test_head_logits_match_hf(minilm, batch, kind):
     mask = inputs["input_mask"][..., None] if kind in ("span", "tagging") else 1
     diff = np.max(np.abs((ours - expected) * mask))
     print(f"{kind}: max abs diff vs HF {diff:.2e}")
+    assert ours.shape == expected.shape
+    assert diff < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["tagging", "classification"])
+def test_bilstm_head_logits_match_hf_encoder_then_torch_lstm(minilm, batch, kind):
+    path, converted = minilm
+    cfg, rnn, labels = converted.config, BiLSTMConfig(hidden_size=6, num_layers=2), 4
+    if kind == "tagging":
+        model = heads.BertForTokenClassification(cfg, labels, rnn)
+    else:
+        model = heads.BertForSequenceClassification(cfg, labels, rnn)
+    params = inputs.init_params(model, converted.params, batch, jax.random.key(1))
+    # Redrawn at 0.3: BERT's 0.02 leaves an LSTM near zero, where a wrong gate would not show.
+    rng = np.random.default_rng(0)
+    for name in ("bilstm", "classifier"):
+        params[name] = jax.tree.map(lambda x: 0.3 * rng.standard_normal(x.shape), params[name])
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    ours = np.asarray(
+        jax.jit(model.apply)({"params": params}, *(batch[k] for k in objective.MODEL_INPUTS))
+    )
+    assert "pooler" not in params  # a BiLSTM's sentence head reads its final states instead
+    with torch.no_grad():
+        encoder = transformers.BertModel.from_pretrained(path, add_pooling_layer=False).eval()
+        hidden = encoder(
+            input_ids=_torch(batch["input_ids"]).long(),
+            token_type_ids=_torch(batch["segment_ids"]).long(),
+            attention_mask=_torch(batch["input_mask"]).long(),
+        ).last_hidden_state.numpy()
+    lstm = lstm_reference.torch_lstm(params["bilstm"], cfg.hidden_size, 6, 2)
+    lengths = batch["input_mask"].sum(axis=1)
+    outputs, final = lstm_reference.run(lstm, hidden, lengths)
+    dense = params["classifier"]["dense"]
+    expected = (outputs if kind == "tagging" else final) @ dense["kernel"] + dense["bias"]
+    mask = batch["input_mask"][..., None] if kind == "tagging" else 1
+    diff = np.max(np.abs((ours - expected) * mask))
+    print(f"{kind} + BiLSTM: max abs diff vs HF + torch LSTM {diff:.2e}")
     assert ours.shape == expected.shape
     assert diff < 1e-4
