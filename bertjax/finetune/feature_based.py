@@ -41,11 +41,8 @@ from bertjax.finetune.objective import FineTuning, Predictor
 from bertjax.finetune.tasks import Features, FinetuneInputError
 from bertjax.model.bilstm import BiLSTMConfig
 from bertjax.model.feature_head import COMBINATIONS, FeatureHead, hidden_state_indices
-from bertjax.training import compiled, optimizer
 from bertjax.training import loop as loop_lib
 from bertjax.training import sharding as sh
-from bertjax.training import start as core_start
-from bertjax.training.step import StepConfig
 
 HEADS = ("classification", "regression", "tagging")
 RESULTS = "feature_based_results"  # WORKDIR/feature_based_results.{json,md}
@@ -151,16 +148,6 @@ def _check_batches(config, mesh) -> None:
             )
 
 
-def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
-    differ = [f"{k} {meta['run'].get(k)!r} -> {v!r}" for k, v in signature.items()
-              if meta["run"].get(k) != v]  # fmt: skip
-    if differ:
-        raise FinetuneInputError(
-            f"{workdir} holds the checkpoints of another head's run ({', '.join(differ)}); rerun "
-            "with its settings to resume, or use a new workdir (nothing was changed)"
-        )
-
-
 def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir: str,
              signature: dict, bert_config, vocab_file: str, lower: bool):  # fmt: skip
     """Trains a fresh head in its training workdir (resuming its newest verified step of the same
@@ -172,48 +159,13 @@ def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir:
     train_batch = {k: jax.ShapeDtypeStruct((batch_size, *v.shape[1:]), v.dtype)
                    for k, v in train.arrays.items()}  # fmt: skip
     train_batch["example_weights"] = jax.ShapeDtypeStruct((batch_size,), np.float32)
-    trainer = compiled.build_trainer(
-        objective,
-        optimizer.create_optimizer(opt_config, num_steps),
-        optimizer.learning_rate_schedule(opt_config, num_steps),
-        StepConfig(int(config.train.grad_accum_steps), bool(config.train.skip_nonfinite)),
-        mesh,
-        config.mesh.rules,
-        train_batch,
-    )
-    signature = {**signature, "num_steps": num_steps}
-    key = jax.random.key(config.seed)
-    plan = core_start.Plan(
-        bert_config=bert_config, vocab_file=vocab_file, do_lower_case=lower,
-        config_json=config.to_json_best_effort(), allow_vocab_change=False,
-        keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save),
-        lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
-        lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),
-        init_rng=key, rng_data=np.asarray(jax.random.key_data(key)),
-        check_meta=lambda meta: _check_resumed(meta, signature, workdir),
+    run = finetune_loop.Run(
+        workdir=workdir, signature={**signature, "num_steps": num_steps}, seed=int(config.seed),
+        bert_config=bert_config, vocab_file=vocab_file, lower=lower,
+        report=loop_lib.Report(batch_size, objective.input_shape[1], head_flops(objective)),
     )  # fmt: skip
-    started = core_start.start(workdir, plan, trainer)
-    report = loop_lib.Report(batch_size, objective.input_shape[1], head_flops(objective))
-    cadence = loop_lib.Cadence(num_steps, int(config.train.log_every), 0,
-                               int(config.checkpoint.every_steps),
-                               bool(config.train.skip_nonfinite))  # fmt: skip
-    last_loss = (started.meta or {}).get("train_loss", float("nan"))
-    loop = loop_lib.Loop(
-        trainer, started, workdir, cadence, report, peak_flops=float(config.train.peak_flops),
-        meta=lambda step: {"step": step, "run": signature, "train_loss": loop.summary.get(
-            "train", {}).get("loss", last_loss)},
-    )  # fmt: skip
-    batches = inputs.train_batches(
-        train, batch_size, num_steps, config.seed, start_batch=int(started.state.step)
-    )
-    try:
-        summary = loop.run(started.state, batches)
-    finally:
-        loop.close()
-    state = summary.get("state")
-    final_loss = float(summary.get("train", {}).get("loss", last_loss))
-    params = None if state is None else state.params
-    return finetune_loop.Fitted(params, final_loss, summary["stopped"], num_steps, mesh)
+    return finetune_loop.train(config, objective, train_batch, train, mesh, opt_config, num_steps,
+                               run)  # fmt: skip
 
 
 def _signature(config, task, combination: str, train_key: str) -> dict:

@@ -171,6 +171,45 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     if "instance_weights" not in train_batch:  # unpacked rows: one example each
         rows = config.train.global_batch_size
         train_batch["example_weights"] = jax.ShapeDtypeStruct((rows,), np.float32)
+    source = config.init_checkpoint if init is None else init.source
+    signature = _run_signature(config, task, learning_rate, seed, num_steps, source)
+    tokens = int(np.prod(example["input_ids"].shape[1:]))
+    choices = tokens // int(example["input_ids"].shape[-1])
+    report = loop_lib.Report(
+        rows_per_step=int(config.train.global_batch_size),
+        tokens_per_row=tokens,
+        flops_per_row=3.0 * choices * metrics.encoder_flops(bert_config, tokens // choices),
+    )
+    run = Run(workdir=workdir, signature=signature, seed=seed, bert_config=bert_config,
+              vocab_file=vocab_file, lower=lower, report=report)  # fmt: skip
+    return train(config, objective, train_batch, train_features, mesh, opt_config, num_steps, run,
+                 initial_params=params if callable(params) else lambda: params, init=init,
+                 from_record=from_record)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """Who a fine-tuning run on the trainer core is: its workdir, what a resume must share with
+    it (``signature``, checked against a restored step's meta), its seed (dropout and batch
+    order), the model and vocab of its record, and how its console lines count work."""
+
+    workdir: str
+    signature: dict
+    seed: int
+    bert_config: object
+    vocab_file: str
+    lower: bool
+    report: loop_lib.Report
+
+
+def train(config, objective, train_batch: dict, train_features, mesh, opt_config,
+          num_steps: int, run: Run, *, initial_params=lambda: None, init=None,
+          from_record=False) -> Fitted:  # fmt: skip
+    """The one fine-tuning training run on the trainer core, for a model (:func:`fit`) and for a
+    head on stored activations (``bertjax.finetune.feature_based``): builds the step for
+    ``train_batch`` (abstract, global), starts (restores the newest verified step of the same
+    ``run.signature``, or ``initial_params``), runs ``num_steps`` over ``train_features`` with
+    ``config``'s log and save cadence and returns what it trained."""
     trainer = compiled.build_trainer(
         objective,
         optimizer.create_optimizer(opt_config, num_steps),
@@ -180,28 +219,19 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
         config.mesh.rules,
         train_batch,
     )
-    source = config.init_checkpoint if init is None else init.source
-    signature = _run_signature(config, task, learning_rate, seed, num_steps, source)
-    dropout_key = jax.random.key(seed)  # fold_in(key, step) per update, as pretraining's
+    key = jax.random.key(run.seed)  # fold_in(key, step) per update, as pretraining's
     plan = core_start.Plan(
-        bert_config=bert_config, vocab_file=vocab_file, do_lower_case=lower,
+        bert_config=run.bert_config, vocab_file=run.vocab_file, do_lower_case=run.lower,
         config_json=config.to_json_best_effort(), allow_vocab_change=False,
         keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save),
         lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
         lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),
-        init_rng=jax.random.key(seed), rng_data=np.asarray(jax.random.key_data(dropout_key)),
-        initial_params=params if callable(params) else lambda: params,
-        check_meta=lambda meta: _check_resumed(meta, signature, workdir),
+        init_rng=key, rng_data=np.asarray(jax.random.key_data(key)),
+        initial_params=initial_params,
+        check_meta=lambda meta: _check_resumed(meta, run.signature, run.workdir),
         init=init, from_record=from_record,
     )  # fmt: skip
-    started = core_start.start(workdir, plan, trainer)
-    tokens = int(np.prod(example["input_ids"].shape[1:]))
-    choices = tokens // int(example["input_ids"].shape[-1])
-    report = loop_lib.Report(
-        rows_per_step=int(config.train.global_batch_size),
-        tokens_per_row=tokens,
-        flops_per_row=3.0 * choices * metrics.encoder_flops(bert_config, tokens // choices),
-    )
+    started = core_start.start(run.workdir, plan, trainer)
     cadence = loop_lib.Cadence(
         num_steps=num_steps,
         log_every=int(config.train.log_every),
@@ -211,14 +241,15 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     )
     last_loss = (started.meta or {}).get("train_loss", float("nan"))
     loop = loop_lib.Loop(
-        trainer, started, workdir, cadence, report, peak_flops=float(config.train.peak_flops),
-        meta=lambda step: {"step": step, "run": signature, "train_loss": loop.summary.get(
+        trainer, started, run.workdir, cadence, run.report,
+        peak_flops=float(config.train.peak_flops),
+        meta=lambda step: {"step": step, "run": run.signature, "train_loss": loop.summary.get(
             "train", {}).get("loss", last_loss)},
     )  # fmt: skip
-    start_step = int(started.state.step)
     batches = inputs.train_batches(
-        train_features, config.train.global_batch_size, num_steps, seed, start_batch=start_step
-    )
+        train_features, int(config.train.global_batch_size), num_steps, run.seed,
+        start_batch=int(started.state.step),
+    )  # fmt: skip
     try:
         summary = loop.run(started.state, batches)
     finally:
