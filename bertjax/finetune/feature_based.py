@@ -137,17 +137,6 @@ def head_flops(objective: FeatureBased) -> float:
     return 3.0 * length * flops
 
 
-def _check_batches(config, mesh) -> None:
-    shards = sh.num_batch_shards(mesh)
-    for name in ("global_batch_size", "eval_batch_size"):
-        if config.train[name] % shards or config.train[name] % jax.process_count():
-            raise FinetuneInputError(
-                f"config.train.{name}={config.train[name]} is not divisible by {shards} data "
-                f"shards (config.mesh.shape={tuple(mesh.shape.values())}) and "
-                f"{jax.process_count()} processes"
-            )
-
-
 def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir: str,
              signature: dict, bert_config, vocab_file: str, lower: bool):  # fmt: skip
     """Trains a fresh head in its training workdir (resuming its newest verified step of the same
@@ -223,7 +212,7 @@ def run(config, workdir: str) -> dict:
     check(config, tasks.get_task(config))  # before the checkpoint and the data are read
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     mesh = sh.create_mesh(config.mesh.shape)
-    _check_batches(config, mesh)
+    finetune_loop.check_batches(config, mesh)
     data = inputs.Data(task, config, tokenizer, [task.train_split, *task.dev_splits])
     encoder = activations.Encoder.of(pretrained.params()["encoder"], bert_config)
     wanted = sorted({j for n in names for j in hidden_state_indices(n, bert_config.num_layers)})

@@ -121,7 +121,8 @@ def _check_resumed(meta: dict, signature: dict, workdir: str) -> None:
         )
 
 
-def _check_batches(config, mesh) -> None:
+def check_batches(config, mesh) -> None:
+    """One line unless the batch sizes divide over ``mesh``'s data shards and the processes."""
     shards = sh.num_batch_shards(mesh)
     for name in ("global_batch_size", "eval_batch_size"):
         if config.train[name] % shards or config.train[name] % jax.process_count():
@@ -156,7 +157,7 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     ``config``'s batch sizes count rows (``_packed_batches``).
     """
     mesh = sh.create_mesh(config.mesh.shape, devices)
-    _check_batches(config, mesh)
+    check_batches(config, mesh)
     num_steps = int(len(train_features) / config.train.global_batch_size * config.train.num_epochs)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.learning_rate = float(learning_rate)
@@ -438,7 +439,7 @@ def predict(config, workdir: str) -> list[str]:
         )
     params = inputs.init_params(model, params, example, jax.random.key(0))
     mesh = sh.create_mesh(config.mesh.shape)
-    _check_batches(config, mesh)
+    check_batches(config, mesh)
     packed.check(config, task.head)
     run_config = config
     if _pack_width(config):  # eval rows at the first split's examples per row
