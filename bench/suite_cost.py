@@ -77,8 +77,9 @@ def main(argv: list[str]) -> int:
     args = [a for a in argv if not a.startswith("--top=")]
     top = [int(a.split("=", 1)[1]) for a in argv if a.startswith("--top=")] or [40]
     if len(args) != 1 or not os.path.isfile(args[0]):
-        print(f"suite_cost: {' '.join(args) or 'no file'}: expected one COST.jsonl the plugin "
-              "wrote (python -m bench.suite_cost COST.jsonl [--top=N])", file=sys.stderr)  # fmt: skip
+        what = " ".join(args) or "no file"
+        print(f"suite_cost: {what}: expected one COST.jsonl the plugin wrote "
+              "(python -m bench.suite_cost COST.jsonl [--top=N])", file=sys.stderr)  # fmt: skip
         return 2
     print(report(args[0], top[0]))
     return 0
