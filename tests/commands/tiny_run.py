@@ -56,7 +56,11 @@ def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
-def _environ(root: pathlib.Path) -> dict:
+def environ(root: pathlib.Path, *, platform_hints: bool = False) -> dict:
+    """The subprocesses' environment: one device, XLA at -O0 and a compilation cache under
+    ``root`` that keeps every compile. ``platform_hints``: keep the caller's ``JAX_PLATFORMS``
+    and ``TF_CPP_MIN_LOG_LEVEL`` (by default dropped: the quiet start is bertjax's own,
+    ``bertjax.startup``, not the test's)."""
     environ = dict(
         os.environ,
         XLA_FLAGS="--xla_force_host_platform_device_count=1",
@@ -64,25 +68,29 @@ def _environ(root: pathlib.Path) -> dict:
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
-    # The quiet start is bertjax's own (bertjax.startup), not the test's: no platform hints.
-    for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
-        environ.pop(name, None)
+    if not platform_hints:
+        for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):
+            environ.pop(name, None)
     return environ
 
 
-def _write_env(root: pathlib.Path) -> None:
-    # 40 chapters of the bundled corpus: enough documents for NSP, quick to tokenize.
+def write_env(root: pathlib.Path, *, cache_dir: pathlib.Path | None = None) -> pathlib.Path:
+    """Writes ``root/corpus.txt`` (40 chapters of the bundled corpus: enough documents for NSP,
+    quick to tokenize) and ``root/test_config.py`` (tiny.py reading it; with ``cache_dir``, its
+    data cache there); returns the corpus."""
     with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
         chapters = f.read().split("\n\n")[:40]
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
+    cache = f"    config.data.cache_dir = {str(cache_dir)!r}\n" if cache_dir else ""
     # List-valued fields cannot be overridden on the command line: a config file sets them.
     (root / "test_config.py").write_text(
         f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
         f"def get_config():\n    config = tiny.get_config()\n"
         f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
-        f"    return config\n"
+        f"{cache}    return config\n"
     )
+    return corpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +107,15 @@ def shared(session_root: pathlib.Path) -> Shared:
         done = root / "reference.done"
         if not done.exists():
             root.mkdir(exist_ok=True)
-            _write_env(root)
-            env = (root, root / "corpus.txt", _environ(root))
+            write_env(root)
+            env = (root, root / "corpus.txt", environ(root))
             result = run(env, root / "reference")
             if result.returncode != 0:
                 raise AssertionError(f"the reference run failed: {result.stderr[-3000:]}")
             (root / "reference.stdout").write_text(result.stdout)
             (root / "reference.stderr").write_text(result.stderr)
             done.touch()
-    env = (root, root / "corpus.txt", _environ(root))
+    env = (root, root / "corpus.txt", environ(root))
     reference = (root / "reference", (root / "reference.stdout").read_text(),
                  (root / "reference.stderr").read_text())  # fmt: skip
     return Shared(env, reference)

@@ -11,10 +11,8 @@ with ``convert`` and load in transformers with no missing keys; the encoder expo
 its new heads are distributed as the original initialises them.
 """
 
-import gzip
 import json
 import math
-import os
 import pathlib
 import re
 import shutil
@@ -33,6 +31,7 @@ from bertjax.pretrain import continued, inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.training import init_record
 from bertjax.training import workdir as workdir_lib
+from tests.commands import tiny_run
 from tests.interop import references
 from tests.interop.tf1_test import write_tf1_checkpoint
 
@@ -59,25 +58,8 @@ def env(tmp_path_factory):
     """A 40-chapter slice of the bundled corpus, a config file (tiny.py reading it) and the
     subprocess environment (one device, a shared compilation cache)."""
     root = tmp_path_factory.mktemp("continued")
-    with gzip.open(bundled.bundled_paths().train, "rt", encoding="utf-8") as f:
-        chapters = f.read().split("\n\n")[:40]
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
-    (root / "test_config.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
-        f"def get_config():\n    config = tiny.get_config()\n"
-        f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
-        f"    config.data.cache_dir = {str(root / 'cache')!r}\n"
-        f"    return config\n"
-    )
-    environ = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
-        JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-    )
-    return root, environ
+    tiny_run.write_env(root, cache_dir=root / "cache")
+    return root, tiny_run.environ(root, platform_hints=True)
 
 
 def _main(env, checkpoint, workdir, *extra, config=None, steps=STEPS) -> subprocess.Popen:
