@@ -55,6 +55,20 @@ def get_config() -> ml_collections.ConfigDict:
     # "The gathered last layer"). Unscanned layers only (scan_layers runs the last layer in
     # full). False: every position.
     config.model.gather_last_layer = True
+    # bert | modernbert: ModernBERT's layers (pre-LayerNorm, RoPE, GLU, local attention on the
+    # layers i with i % global_attn_every_n_layers != 0, final norm; bertjax.model.config). The
+    # keys below shape 'modernbert' only; their defaults are ModernBERT-base's.
+    config.model.architecture = "bert"
+    config.model.global_attn_every_n_layers = 3
+    config.model.local_attention = 128  # a local layer's keys: within 64 rows on each side
+    config.model.global_rope_theta = 160000.0
+    config.model.local_rope_theta = 10000.0
+    config.model.attention_bias = False
+    config.model.mlp_bias = False
+    config.model.norm_bias = False
+    config.model.head_bias = False
+    config.model.decoder_bias = True
+    config.model.head_act = "gelu"
 
     # ---- data (owner: bertjax.data.pipeline; batch contract in its docstring) ----
     config.data = ml_collections.ConfigDict()

@@ -109,7 +109,13 @@ def _layer_entries(cfg: BertConfig, i: int) -> list[Entry]:
 def entries(cfg: BertConfig, classes: int = 0, span: bool = False) -> list[Entry]:
     """The encoder's and pretraining heads' weights, and the fine-tuning heads asked for:
     ``classes`` > 0 adds the ``classifier`` with that many outputs (1 for regression and multiple
-    choice), ``span`` the question-answering ``span`` head."""
+    choice), ``span`` the question-answering ``span`` head. A 'modernbert' config has its own
+    table (``bertjax.interop.modernbert``): ConvertError."""
+    if cfg.is_modern:
+        raise ConvertError(
+            "architecture 'modernbert': bertjax.convert does not export it yet "
+            "(bertjax.interop.modernbert has its weight names)"
+        )
     h, emb = cfg.hidden_size, ("encoder", "embeddings")
     rows = {"word_embeddings": cfg.vocab_size, "position_embeddings": cfg.max_position_embeddings,
             "token_type_embeddings": cfg.type_vocab_size}  # fmt: skip
@@ -210,6 +216,11 @@ def from_params(params: dict, cfg: BertConfig, fmt: str) -> dict[str, np.ndarray
 
 def config_from_json(values: dict, path: str, act_map: dict[str, str]) -> BertConfig:
     """HF config.json / original bert_config.json -> BertConfig (absent fields: HF's defaults)."""
+    if values.get("model_type") == "modernbert":
+        raise ConvertError(
+            f"{path}: a ModernBERT checkpoint (model_type 'modernbert'); bertjax reads its weights "
+            "with bertjax.interop.modernbert, but no command takes one yet"
+        )
     missing = [k for k, _, default in CONFIG_FIELDS if default is None and k not in values]
     if missing:
         raise ConvertError(f"{path}: missing field(s) {missing}")

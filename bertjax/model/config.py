@@ -18,6 +18,11 @@ from typing import Any
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
 ATTENTION_KINDS = ("bidirectional", "causal")
+# 'bert': the paper's post-LayerNorm encoder (learned positions, segment embeddings, biases).
+# 'modernbert': ModernBERT's (Warner et al., 2024; transformers' modeling_modernbert.py):
+# token embeddings only, pre-LayerNorm layers (none before layer 0's attention), RoPE, a GLU MLP,
+# local attention on every layer i with i % global_attn_every_n_layers != 0, and a final norm.
+ARCHITECTURES = ("bert", "modernbert")
 # What each layer keeps for the backward pass (the rest is recomputed): none = everything;
 # full = nothing; dots = every matmul output (with the XLA attention: its [B, N, L, L] scores);
 # dots_no_batch = the projections' outputs; dots_attention = those and the flash kernel's
@@ -83,6 +88,22 @@ class BertConfig:
     # whole of it is bertjax.model.encoder's LayerStack and EncoderLayer; attention only takes
     # query positions. Unscanned layers only (with scan_layers the last layer runs in full).
     gather_last_layer: bool = True
+    # ---- The architecture (ARCHITECTURES); the fields below shape 'modernbert' only. ----
+    architecture: str = "bert"
+    # Layer i attends globally when i % global_attn_every_n_layers == 0 (layer 0 is global), else
+    # to the keys within local_attention // 2 rows on each side, inclusive (HF's window).
+    global_attn_every_n_layers: int = 3
+    local_attention: int = 128
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    # Which linear maps and norms carry a bias (ModernBERT: none but the decoder's). 'bert' has
+    # every bias.
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    norm_bias: bool = False
+    head_bias: bool = False  # the MLM head's dense (HF's classifier_bias)
+    decoder_bias: bool = True  # the MLM decoder's output bias
+    head_act: str = "gelu"  # the MLM head's activation (HF's classifier_activation)
 
     def __post_init__(self):
         def check(cond, field, expected):
@@ -119,6 +140,53 @@ class BertConfig:
         check(isinstance(self.scan_layers, bool), "scan_layers", "a bool")
         check(isinstance(self.cpu_forms, bool), "cpu_forms", "a bool")
         check(isinstance(self.attention_check, bool), "attention_check", "a bool")
+        check(self.architecture in ARCHITECTURES, "architecture", f"one of {ARCHITECTURES}")
+        for field in ("global_attn_every_n_layers", "local_attention"):
+            value = getattr(self, field)
+            is_int = isinstance(value, int) and not isinstance(value, bool)
+            check(is_int and value > 0, field, "a positive integer")
+        for field in ("global_rope_theta", "local_rope_theta"):
+            value = getattr(self, field)
+            check(number(value) and value > 0, field, "a positive number")
+        for field in ("attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias"):
+            check(isinstance(getattr(self, field), bool), field, "a bool")
+        check(self.head_act in ACTIVATIONS, "head_act", f"one of {ACTIVATIONS}")
+        if self.is_modern:
+            check(
+                not self.scan_layers,
+                "scan_layers",
+                "False with architecture='modernbert' (its layers differ: unrolled only)",
+            )
+            check(self.head_dim % 2 == 0, "hidden_size", "an even head dim for RoPE")
+
+    @property
+    def is_modern(self) -> bool:
+        return self.architecture == "modernbert"
+
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s attention window: the keys within this many rows of the query on
+        each side, or None (global attention)."""
+        if not self.is_modern or layer % self.global_attn_every_n_layers == 0:
+            return None
+        return self.local_attention // 2
+
+    def rope_theta(self, layer: int) -> float:
+        """The RoPE base of layer ``layer`` (modernbert): global layers' or local layers'."""
+        return self.global_rope_theta if self.window(layer) is None else self.local_rope_theta
+
+    def bias(self, kind: str) -> bool:
+        """Whether the ``kind`` ('attention', 'mlp', 'norm', 'head', 'decoder') maps carry a
+        bias: always for 'bert', per its field for 'modernbert'."""
+        return not self.is_modern or getattr(self, f"{kind}_bias")
+
+    @property
+    def output_init_scale(self) -> float:
+        """ModernBERT's init scales the output projections' std by 1 / sqrt(2 num_layers)."""
+        return 1.0 / math.sqrt(2.0 * self.num_layers) if self.is_modern else 1.0
+
+    @property
+    def has_local_layers(self) -> bool:
+        return any(self.window(i) is not None for i in range(self.num_layers))
 
     @property
     def head_dim(self) -> int:

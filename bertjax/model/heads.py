@@ -57,7 +57,9 @@ class Pooler(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-    """MLM logits at the masked positions only, through the decoder tied to the token embedding."""
+    """MLM logits at the masked positions only, through the decoder tied to the token embedding:
+    dense -> activation -> LayerNorm -> decoder (+ output bias). 'modernbert' (HF's
+    ``ModernBertPredictionHead`` + ``decoder``) takes the config's head activation and biases."""
 
     config: BertConfig
 
@@ -72,16 +74,22 @@ class MaskedLMHead(nn.Module):
         gathered = sequence_output
         if masked_lm_positions is not None:
             gathered = gather_positions(sequence_output, masked_lm_positions)
-        h = Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="transform")(gathered)
-        h = layer_norm(cfg, "layer_norm")(activation(cfg.hidden_act)(h))
-        bias = self.param(
-            "output_bias",
-            nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
-            (cfg.vocab_size,),
-            jnp.dtype(cfg.param_dtype),
-        )
-        add = cpu_forms.add_vocab_bias if cfg.cpu_forms else jnp.add
-        logits = add(decoder(h).astype(jnp.float32), bias.astype(jnp.float32))
+        h = Dense(
+            (cfg.hidden_size,), (sh.EMBED, None), cfg, use_bias=cfg.bias("head"),
+            init_scale=cfg.output_init_scale, name="transform",
+        )(gathered)  # fmt: skip
+        act = cfg.head_act if cfg.is_modern else cfg.hidden_act
+        h = layer_norm(cfg, "layer_norm")(activation(act)(h))
+        logits = decoder(h).astype(jnp.float32)
+        if cfg.bias("decoder"):
+            bias = self.param(
+                "output_bias",
+                nn.with_logical_partitioning(nn.initializers.zeros, (sh.VOCAB,)),
+                (cfg.vocab_size,),
+                jnp.dtype(cfg.param_dtype),
+            )
+            add = cpu_forms.add_vocab_bias if cfg.cpu_forms else jnp.add
+            logits = add(logits, bias.astype(jnp.float32))
         return nn.with_logical_constraint(logits, (sh.ACT_BATCH, None, None))
 
 
@@ -184,6 +192,35 @@ class BertForPreTraining(nn.Module):
         mlm_logits = self.mlm(read[:, k:], None, self.encoder.attend)
         pooled = self.pooler(read[:, :k], each=True) if packed else self.pooler(read)
         return PreTrainingOutput(mlm_logits, self.nsp(pooled))
+
+
+class BertForMaskedLM(nn.Module):
+    """Encoder + MLM head, no pooler or NSP: HF's ``ModernBertForMaskedLM`` (and
+    ``BertForMaskedLM``'s layout), the model of objectives without NSP."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = BertEncoder(self.config, name="encoder")
+        self.mlm = MaskedLMHead(self.config, name="mlm")
+
+    def __call__(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        masked_lm_positions,
+        *,
+        deterministic: bool = True,
+        positions=None,
+    ) -> jax.Array:
+        """<int32>[B, L] x3, <int32>[B, P] -> <float32>[B, P, V] MLM logits (a packed row passes
+        its ``sequence_ids`` and ``positions``); the last layer runs at the P positions only."""
+        read = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic,
+            output_positions=masked_lm_positions, positions=positions,
+        ).sequence_output  # fmt: skip
+        return self.mlm(read, None, self.encoder.attend)
 
 
 # ---- Fine-tuning task heads (paper §4). Same ``encoder``/``pooler`` names as BertModel. ----

@@ -34,14 +34,15 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
     queries, attention, output projection and FFN at the Q = 1 + P positions the heads read.
     """
     h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
+    ffn = _ffn_matrices(cfg) * h * f
+    per_token_layer = 2 * (4 * h * h + ffn)  # QKV + output projections, FFN
     attention_layer = 2 * 2 * length * length * h  # QK^T and PV
     encoder = encoder_flops(cfg, length)
     if cfg.computes_only_output_positions:
         queries = min(1 + predictions, length)
         last_layer = (
             length * 2 * (2 * h * h)  # key and value projections
-            + queries * 2 * (2 * h * h + 2 * h * f)  # query and output projections, FFN
+            + queries * 2 * (2 * h * h + ffn)  # query and output projections, FFN
             + 2 * 2 * queries * length * h  # QK^T and PV for the Q queries
         )
         encoder += last_layer - (length * per_token_layer + attention_layer)
@@ -52,9 +53,14 @@ def train_flops_per_sequence(cfg: BertConfig, length: int, predictions: int) -> 
 def encoder_flops(cfg: BertConfig, length: int) -> float:
     """Forward matmul FLOPs of the encoder at every one of ``length`` positions."""
     h, f = cfg.hidden_size, cfg.intermediate_size
-    per_token_layer = 2 * (4 * h * h + 2 * h * f)  # QKV + output projections, FFN
+    per_token_layer = 2 * (4 * h * h + _ffn_matrices(cfg) * h * f)  # QKV + output, FFN
     attention_layer = 2 * 2 * length * length * h  # QK^T and PV
     return cfg.num_layers * (length * per_token_layer + attention_layer)
+
+
+def _ffn_matrices(cfg: BertConfig) -> int:
+    """How many H x F matrices a layer's FFN multiplies by: 2, or 3 for a GLU ('modernbert')."""
+    return 3 if cfg.is_modern else 2
 
 
 class Accumulator:

@@ -55,10 +55,19 @@ from bertjax.model.config import ATTENTION_KERNELS, ATTENTION_REQUESTS
 __all__ = ["CHECKPOINT_NAMES", "MASK_VALUE", "attention", "resolve"]
 
 
-def resolve(impl: str, platform: str) -> str:
+def resolve(impl: str, platform: str, local_layers: bool = False) -> str:
     """The kernel (``ATTENTION_KERNELS``) that ``impl`` runs on ``platform`` ('cpu', 'gpu',
     'tpu', ...): an ask (``ATTENTION_REQUESTS``) is chosen per the module docstring, a kernel
-    is kept if the platform can run it. ValueError for a kernel the platform cannot run."""
+    is kept if the platform can run it. ValueError for a kernel the platform cannot run.
+    ``local_layers``: the model has windowed layers, which only the XLA path runs for now:
+    'auto' is then 'xla', and any other kernel a ValueError."""
+    if local_layers and impl not in ("auto", "xla"):
+        raise ValueError(
+            f"attention_impl={impl!r}: the fused kernels have no local attention window yet "
+            "(model.architecture='modernbert'); use 'auto' or 'xla'"
+        )
+    if local_layers:
+        return "xla"
     if impl in ATTENTION_KERNELS:
         if impl in ("tpu", "gpu") and platform != impl:
             raise ValueError(f"attention_impl={impl!r} runs on {impl} only, not {platform}")
@@ -83,6 +92,7 @@ def attention(
     dropout_rate: float,
     dropout_seed: jax.Array | None,
     kernel: str = "xla",
+    window: int | None = None,
 ) -> jax.Array:
     """Softmax(query · key) · value with masking and attention dropout (module docstring).
 
@@ -97,6 +107,9 @@ def attention(
       dropout_rate: attention dropout rate; applied when ``dropout_seed`` is given.
       dropout_seed: <uint32>[2] or None (no dropout).
       kernel: a resolved ``BertConfig.attention_impl`` (an unresolved ask runs 'xla').
+      window: a local layer's window (``BertConfig.window``): query row q sees key row k only
+        when |q - k| <= window (rows: ``query_positions``, else 0..L-1). None: global. The XLA
+        path only, for now; a flash kernel asked for a window is a ValueError.
 
     Returns:
       <dtype>[B, Q, N, D].
@@ -107,7 +120,9 @@ def attention(
         dropout_seed = None
     args = (query, key, value, key_mask)
     if kernel not in ("tpu", "gpu", "tpu_interpret", "gpu_interpret"):
-        return xla_attention(*args, causal, query_positions, dropout_rate, dropout_seed)
+        return xla_attention(*args, causal, query_positions, dropout_rate, dropout_seed, window)
+    if window is not None:
+        raise ValueError(f"attention_impl={kernel!r} has no local attention window yet: use 'xla'")
     if kernel == "gpu" and cudnn.runs(dropout_seed is not None, query.dtype):
         return cudnn.cudnn_attention(*args, causal, query_positions)
     flash = tpu.flash_attention if kernel.startswith("tpu") else gpu.flash_attention

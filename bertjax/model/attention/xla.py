@@ -19,22 +19,28 @@ def query_ids(key_mask: jax.Array, query_positions: jax.Array | None) -> jax.Arr
     return jnp.take_along_axis(key_mask, query_positions, axis=1)
 
 
-def allowed_keys(key_mask: jax.Array, causal: bool, query_positions: jax.Array | None):
+def allowed_keys(
+    key_mask: jax.Array, causal: bool, query_positions: jax.Array | None, window: int | None = None
+):
     """<int32>[B, L] key mask (sequence ids) -> <bool>[B, 1, 1 or Q, L]: which keys each query
     may attend to (the package docstring's rule)."""
     keys = key_mask[:, None, None, :]
     queries = query_ids(key_mask, query_positions)[:, None, :, None]
     allowed = (keys > 0) & ((keys == queries) | (queries <= 0))
-    if causal:
+    if causal or window is not None:
         length = key_mask.shape[1]
         if query_positions is None:
             query_positions = jnp.broadcast_to(jnp.arange(length), key_mask.shape)
-        index = jnp.arange(length)
-        allowed = allowed & (index[None, None, None, :] <= query_positions[:, None, :, None])
+        index = jnp.arange(length)[None, None, None, :]
+        rows = query_positions[:, None, :, None]
+        if causal:
+            allowed = allowed & (index <= rows)
+        if window is not None:
+            allowed = allowed & (jnp.abs(index - rows) <= window)
     return allowed
 
 
-def xla_attention(query, key, value, key_mask, causal, query_positions, rate, seed):
+def xla_attention(query, key, value, key_mask, causal, query_positions, rate, seed, window=None):
     """Shapes and arguments as ``bertjax.model.attention.attention``; ``seed`` None: no dropout."""
     dtype = query.dtype
     length_axis = None if query_positions is not None else axes.ACT_LENGTH
@@ -42,7 +48,7 @@ def xla_attention(query, key, value, key_mask, causal, query_positions, rate, se
     # softmax sees them unrounded, whatever the compute dtype.
     logits = jnp.einsum("bqnd,bknd->bnqk", query, key, preferred_element_type=jnp.float32)
     logits = nn.with_logical_constraint(logits, (axes.ACT_BATCH, axes.ACT_HEADS, length_axis, None))
-    bias = jnp.where(allowed_keys(key_mask, causal, query_positions), 0.0, MASK_VALUE)
+    bias = jnp.where(allowed_keys(key_mask, causal, query_positions, window), 0.0, MASK_VALUE)
     # Softmax with the normalisation applied after the value product: dropout and the product
     # are linear in the probabilities, so dividing [B, Q, N, D] by the row sums equals dividing
     # [B, N, Q, L] first, and saves a full pass over the scores (and its backward).
