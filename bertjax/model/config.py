@@ -245,3 +245,29 @@ SIZES: dict[str, dict[str, int]] = {
     "L12_H1024_A16": dict(num_layers=12, hidden_size=1024, num_heads=16, intermediate_size=4096),
     "L24_H1024_A16": dict(num_layers=24, hidden_size=1024, num_heads=16, intermediate_size=4096),
 }
+
+# 'modernbert' sizes: ModernBERT-base/-large (Warner et al., 2024) and Ettin's encoder ladder
+# (Weller et al., 2025; its 150m and 400m are ModernBERT-base's and -large's shapes), all with
+# head dim 64, ModernBERT's 50,368-token vocab and 8,192 positions. The names are the published
+# parameter counts, which these shapes give (tests/model/modernbert_test.py).
+MODERN_SIZES: dict[str, dict] = {
+    name: dict(
+        architecture="modernbert",
+        vocab_size=50368,
+        max_position_embeddings=8192,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=hidden // 64,
+        intermediate_size=ffn,
+    )  # fmt: skip
+    for name, (layers, hidden, ffn) in {
+        "ettin-17m": (7, 256, 384),
+        "ettin-32m": (10, 384, 576),
+        "ettin-68m": (19, 512, 768),
+        "ettin-150m": (22, 768, 1152),
+        "ettin-400m": (28, 1024, 2624),
+        "ettin-1b": (28, 1792, 3840),
+        "modernbert-base": (22, 768, 1152),
+        "modernbert-large": (28, 1024, 2624),
+    }.items()
+}

@@ -194,3 +194,25 @@ def test_a_train_step_on_a_2x2x2_mesh_equals_one_device():
     assert kernel.shape == (32, 2, 64) and kernel.sharding.shard_shape(kernel.shape) == (16, 2, 32)
     assert "position_embeddings" not in one[1]["encoder"]["embeddings"]
     assert one[0][-1] < one[0][0]  # it trains
+
+
+@pytest.mark.parametrize("name", ["ettin-17m", "ettin-32m", "ettin-68m", "ettin-150m",
+                                  "ettin-400m", "ettin-1b", "modernbert-base",
+                                  "modernbert-large"])  # fmt: skip
+def test_the_sizes_have_their_published_parameter_counts(name):
+    """Encoder + MLM head (HF's ModernBertForMaskedLM, decoder tied), counted from the shapes:
+    within 5% of the name's rounded count (ModernBERT-base 149M and -large 395M, as published)."""
+    import jax  # noqa: PLC0415
+
+    from bertjax.model.config import MODERN_SIZES  # noqa: PLC0415
+
+    cfg = BertConfig(**MODERN_SIZES[name])
+    ids = np.zeros((1, 8), np.int32)
+    shapes = jax.eval_shape(
+        lambda: heads.BertForMaskedLM(cfg).init(jax.random.key(0), ids, ids, ids + 1, ids)
+    )
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    published = {"base": 149e6, "large": 395e6, "1b": 1e9}.get(name.split("-")[1])
+    if published is None:
+        published = float(name.split("-")[1].rstrip("m")) * 1e6
+    assert abs(count / published - 1) < 0.05, (name, count)
