@@ -9,7 +9,8 @@ compares a resolved fused kernel ('tpu', 'gpu', 'tpu_interpret', 'gpu_interpret'
 on this process's first device of the mesh: at the run's head size, dtype, attention dropout
 rate and causal mask, and at the run's attention shapes (``self_check.Shapes``: its length L,
 so the kernel's blocks are the run's; the query count of the gathered last layer; packed rows
-when the run packs), forward and the gradients of q, k and v, dropout on. Building a step
+when the run packs; a windowed call beside the global one when the model has local layers),
+forward and the gradients of q, k and v, dropout on. Building a step
 (``sharding.bert_config_for``) checks nothing and allocates nothing.
 
 * It runs once per process for a (kernel, head size, dtype, rate, causal, shapes, device): a
@@ -29,6 +30,8 @@ process.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -86,6 +89,8 @@ def checked(bert_config: BertConfig, mesh: Mesh, shapes: self_check.Shapes) -> B
     devices = [d for d in mesh.devices.flat if d in local]
     if not devices:  # an abstract topology (compile), not devices this process runs
         return bert_config
+    if bert_config.has_local_layers:  # its local layers' calls are checked beside the global
+        shapes = dataclasses.replace(shapes, window=bert_config.local_attention // 2)
     outcome = _outcome(kernel, bert_config, devices[0], shapes)
     failed = _failed_processes(outcome.passed)
     decision = {**outcome.to_dict(), "runs": "xla" if failed else kernel}

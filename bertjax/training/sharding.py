@@ -229,9 +229,7 @@ def bert_config_for(bert_config: BertConfig, mesh: Mesh) -> BertConfig:
     ValueError for a kernel the platform cannot run."""
     platform = mesh.devices.flat[0].platform
     return bert_config.replace(
-        attention_impl=attention.resolve(
-            bert_config.attention_impl, platform, bert_config.has_local_layers
-        ),
+        attention_impl=attention.resolve(bert_config.attention_impl, platform),
         cpu_forms=platform == "cpu",
     )
 

@@ -129,6 +129,19 @@ def test_packed_rows_equal_each_instance_alone_and_the_gathered_layer_its_rows()
     np.testing.assert_allclose(gathered, packed[:, at[0]], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["tpu_interpret", "gpu_interpret"])
+def test_the_fused_kernels_run_the_local_layers_as_the_xla_path(kernel):
+    """The model with each flash kernel (interpret mode) gives the XLA path's logits: the
+    local layers' window reaches the kernels."""
+    hf = _hf_model(_hf_config())
+    cfg, params = _bertjax(hf)
+    ids, mask = _batch()
+    _, xla = _run(cfg, params, ids, mask)
+    _, fused = _run(cfg.replace(attention_impl=kernel), params, ids, mask)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(fused[real], xla[real], rtol=1e-5, atol=1e-5 * np.abs(xla).max())
+
+
 def test_round_trip_is_bit_exact_and_reads_what_it_writes():
     hf = _hf_model(_hf_config(attention_bias=True, mlp_bias=True, norm_bias=True))
     cfg, params = _bertjax(hf)
@@ -161,16 +174,12 @@ def test_bad_checkpoints_are_one_line_errors():
 
 
 def test_modernbert_configs_refuse_what_they_cannot_run():
+    """scan_layers (its layers differ) and an unknown architecture are one-line errors."""
     base = dict(vocab_size=101, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48)
     with pytest.raises(ValueError, match=r"BertConfig.scan_layers=True: expected False with"):
         BertConfig(**base, architecture="modernbert", scan_layers=True)
     with pytest.raises(ValueError, match=r"BertConfig.architecture='gpt'"):
         BertConfig(**base, architecture="gpt")
-    from bertjax.model import attention  # noqa: PLC0415
-
-    assert attention.resolve("auto", "tpu", local_layers=True) == "xla"
-    with pytest.raises(ValueError, match="the fused kernels have no local attention window yet"):
-        attention.resolve("fused", "cpu", local_layers=True)
     bert = BertConfig(**base)
     assert bert.window(1) is None and not bert.has_local_layers
 

@@ -13,9 +13,10 @@ instances; ``bertjax.data.pipeline``'s packed-row contract). A query's id is its
 Key ``k`` is allowed for query ``q`` when ``id[k] > 0`` and ``id[k] == id[q]`` (a packed row's
 instances never see each other; a padding query, id 0, sees every real key, as in an unpacked
 row) and, for causal attention, ``k <= query_positions[b, q]`` (row positions: causal within
-each instance). ``MASK_VALUE`` is finite, so a row whose keys are all masked (a
-padding-only example) is uniform over the L keys instead of NaN. Dropout is the counter hash of
-``dropout.py`` over the global [B, N, Q, L] positions.
+each instance), and, on a local layer with a window w ('modernbert'), ``|k - q's row| <= w``.
+``MASK_VALUE`` is finite, so a row whose keys are all masked (a padding-only example) is
+uniform over the L keys instead of NaN. Dropout is the counter hash of ``dropout.py`` over the
+global [B, N, Q, L] positions.
 
 Kernels (``BertConfig.attention_impl`` once resolved; all compute that function):
 
@@ -28,7 +29,8 @@ Kernels (``BertConfig.attention_impl`` once resolved; all compute that function)
   (the tests run them on CPU).
 
 The flash kernels skip the key blocks that share no instance with a query block (a packed row's
-other instances; the padding after a row's last real key), forward and backward (``common.py``).
+other instances; the padding after a row's last real key) or lie outside its window, forward and
+backward (``common.py``): a local layer's work grows with its window, not with L.
 Under a mesh a flash kernel runs per (batch, heads) shard with the mesh axes of the logical
 rules for ``act_batch`` and ``act_heads``; ``common.py`` holds what the kernels share.
 
@@ -55,19 +57,10 @@ from bertjax.model.config import ATTENTION_KERNELS, ATTENTION_REQUESTS
 __all__ = ["CHECKPOINT_NAMES", "MASK_VALUE", "attention", "resolve"]
 
 
-def resolve(impl: str, platform: str, local_layers: bool = False) -> str:
+def resolve(impl: str, platform: str) -> str:
     """The kernel (``ATTENTION_KERNELS``) that ``impl`` runs on ``platform`` ('cpu', 'gpu',
     'tpu', ...): an ask (``ATTENTION_REQUESTS``) is chosen per the module docstring, a kernel
-    is kept if the platform can run it. ValueError for a kernel the platform cannot run.
-    ``local_layers``: the model has windowed layers, which only the XLA path runs for now:
-    'auto' is then 'xla', and any other kernel a ValueError."""
-    if local_layers and impl not in ("auto", "xla"):
-        raise ValueError(
-            f"attention_impl={impl!r}: the fused kernels have no local attention window yet "
-            "(model.architecture='modernbert'); use 'auto' or 'xla'"
-        )
-    if local_layers:
-        return "xla"
+    is kept if the platform can run it. ValueError for a kernel the platform cannot run."""
     if impl in ATTENTION_KERNELS:
         if impl in ("tpu", "gpu") and platform != impl:
             raise ValueError(f"attention_impl={impl!r} runs on {impl} only, not {platform}")
@@ -108,8 +101,8 @@ def attention(
       dropout_seed: <uint32>[2] or None (no dropout).
       kernel: a resolved ``BertConfig.attention_impl`` (an unresolved ask runs 'xla').
       window: a local layer's window (``BertConfig.window``): query row q sees key row k only
-        when |q - k| <= window (rows: ``query_positions``, else 0..L-1). None: global. The XLA
-        path only, for now; a flash kernel asked for a window is a ValueError.
+        when |q - k| <= window (rows: ``query_positions``, else 0..L-1). None: global. The flash
+        kernels visit only the key blocks within it of each query block.
 
     Returns:
       <dtype>[B, Q, N, D].
@@ -121,10 +114,8 @@ def attention(
     args = (query, key, value, key_mask)
     if kernel not in ("tpu", "gpu", "tpu_interpret", "gpu_interpret"):
         return xla_attention(*args, causal, query_positions, dropout_rate, dropout_seed, window)
-    if window is not None:
-        raise ValueError(f"attention_impl={kernel!r} has no local attention window yet: use 'xla'")
     if kernel == "gpu" and cudnn.runs(dropout_seed is not None, query.dtype):
-        return cudnn.cudnn_attention(*args, causal, query_positions)
+        return cudnn.cudnn_attention(*args, causal, query_positions, window=window)
     flash = tpu.flash_attention if kernel.startswith("tpu") else gpu.flash_attention
     options = dict(
         causal=causal,
@@ -132,6 +123,7 @@ def attention(
         dropout_rate=dropout_rate,
         dropout_seed=dropout_seed,
         interpret=kernel.endswith("_interpret"),
+        window=window,
     )
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:

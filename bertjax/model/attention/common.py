@@ -8,12 +8,14 @@ Both kernels (``tpu/`` for Pallas TPU, ``gpu/`` for Pallas GPU/Triton) compute
   masked (padding), -1 padding past the true length L;
 * ``query_code`` <int32>[B, Qp]: per query, its sequence id (the key mask at its position;
   0 for a padding position and for the padding past Q);
-* ``positions`` <int32>[B, Qp]: each query's sequence position (for the causal mask), padded;
+* ``positions`` <int32>[B, Qp]: each query's sequence position (for the causal mask and a local
+  layer's window), padded;
 * ``key_blocks`` <int32>[B * nq * 2]: per query block qi of example b, the key blocks
   [first, end) it visits, at 2 * (b * nq + qi). Key ``k`` is allowed for query ``q`` when
   ``code[k] > 0`` and (``code[k] == query_code[q]`` or ``query_code[q] == 0``) and, causal,
-  ``k <= positions[q]``: the package docstring's rule. A query's allowed keys lie within the
-  span [first, last] of its instance's keys (of all real keys for id 0), so a block outside the
+  ``k <= positions[q]``, with a window w, ``|k - positions[q]| <= w``: the package docstring's
+  rule. A query's allowed keys lie within the span [first, last] of its instance's keys (of all
+  real keys for id 0; within the window, if any, of its position), so a block outside the
   hull of its block's rows' spans holds only keys masked for rows with a real maximum, which
   add exactly 0: it is skipped. A row with no allowed key is uniform over all keys and needs
   every block; the padding past Q is left out (its rows are dropped). An unpacked row's range
@@ -77,6 +79,19 @@ class PlanCounts:
     @property
     def dropout(self) -> bool:
         return dropout_lib.keep_threshold(self.dropout_rate) > 0
+
+    @property
+    def needs_positions(self) -> bool:
+        """Whether the kernels read each query's position: for the causal mask or a window."""
+        return self.causal or self.window is not None
+
+    @property
+    def visited_key_blocks(self) -> int:
+        """At most how many key blocks a query block visits: all of them, or with a window the
+        blocks that [first row - window, last row + window] can touch (``key_block_ranges``)."""
+        if self.window is None:
+            return self.num_k_blocks
+        return min(self.num_k_blocks, (self.block_q + 2 * self.window - 1) // self.block_k + 2)
 
 
 def sharded(
@@ -191,7 +206,11 @@ def _allowed_spans(plan, code, query_code, positions):
         own_last = jnp.minimum(own_last, positions)
     packed = query_code > 0
     first = jnp.where(packed, own_first, jnp.broadcast_to(first_real, positions.shape))
-    return first, jnp.where(packed, own_last, last_real)
+    last = jnp.where(packed, own_last, last_real)
+    if plan.window is not None:
+        first = jnp.maximum(first, positions - plan.window)
+        last = jnp.minimum(last, positions + plan.window)
+    return first, last
 
 
 def key_block_ranges(plan, code, query_code, positions, num_queries) -> jax.Array:
@@ -222,13 +241,16 @@ def query_block_ranges(plan, key_ranges) -> jax.Array:
     return jnp.stack(bounds, axis=-1).astype(jnp.int32)
 
 
-def tile_bias(code, query_code, key_index, positions) -> jax.Array:
+def tile_bias(code, query_code, key_index, positions, plan) -> jax.Array:
     """Additive <float32> bias of a tile (the module docstring's rule) from broadcastable key
     codes (id > 0, 0 masked, -1 padding), query codes (ids, 0 padding), global key indices and
-    query positions (None: bidirectional)."""
+    query positions (None unless ``plan.needs_positions``): causal, keys at or before the
+    position; with ``plan.window``, keys within it of the position."""
     allowed = (code > 0) & ((code == query_code) | (query_code <= 0))
-    if positions is not None:
+    if plan.causal:
         allowed = allowed & (key_index <= positions)
+    if plan.window is not None:
+        allowed = allowed & (jnp.abs(key_index - positions) <= plan.window)
     masked = jnp.where(allowed, jnp.float32(0.0), jnp.float32(MASK_VALUE))
     # -inf, not -1e9: a padding key must add exactly 0 even to a row whose keys are all masked.
     return jnp.where(code < 0, jnp.float32(-jnp.inf), masked)

@@ -38,6 +38,7 @@ and causal alike. On a TPU or GPU the kernel compiles natively and runs in well 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import jax
@@ -57,11 +58,13 @@ OUTPUTS = ("context", "dq", "dk", "dv")
 class Shapes:
     """The attention calls a run makes (module docstring): ``length`` keys L; ``queries``: the
     gathered last layer's query count Q, 0 when every layer queries all L positions; ``packed``:
-    K when rows are packed (example 0 then holds up to three instances), 0 unpacked."""
+    K when rows are packed (example 0 then holds up to three instances), 0 unpacked;
+    ``window``: the local layers' window ('modernbert'), checked beside a global call; 0: none."""
 
     length: int = LENGTH
     queries: int = 0
     packed: int = 3
+    window: int = 0
 
     def sequence_ids(self) -> np.ndarray:
         """<int32>[BATCH, L] the two examples' key masks."""
@@ -98,6 +101,7 @@ class Difference:
     xla_error: float  # max |xla - truth|
     scale: float  # max |truth|
     floor: float  # the dtype's FLOORS entry
+    window: int = 0  # the call's window; 0: global
 
     @property
     def allowed(self) -> float:
@@ -142,6 +146,8 @@ class Outcome:
         setting = "with dropout" if worst.dropout else "without dropout"
         length = self.shapes.length
         where = f"{worst.queries} gathered queries" if worst.queries else f"{length} queries"
+        if worst.window:
+            where += f", window {worst.window}"
         return (
             f"{worst.output} {setting} at L={length}, {where}, differs from the float32 truth "
             f"by {worst.kernel_error:.3g} (XLA path: {worst.xla_error:.3g}, allowed "
@@ -153,7 +159,7 @@ class Outcome:
             "kernel": self.kernel, "device": self.device, "head_dim": self.head_dim,
             "dtype": self.dtype, "dropout_rate": self.dropout_rate, "causal": self.causal,
             "length": self.shapes.length, "queries": self.shapes.queries,
-            "packed": self.shapes.packed,
+            "packed": self.shapes.packed, "window": self.shapes.window,
         }  # fmt: skip
         if self.error:
             return {**settings, "passed": False, "error": self.error,
@@ -162,6 +168,7 @@ class Outcome:
         return {
             **settings, "passed": self.passed, "worst_output": worst.output,
             "worst_dropout": worst.dropout, "worst_queries": worst.queries,
+            "worst_window": worst.window,
             "kernel_error": worst.kernel_error, "xla_error": worst.xla_error,
             "allowed": worst.allowed, "seconds": round(self.seconds, 3),
         }  # fmt: skip
@@ -187,7 +194,9 @@ def _inputs(head_dim: int, dtype, device, shapes: Shapes):
     )
 
 
-def _value_and_grads(kernel, qkv, key_mask, cotangent, *, causal, rate, seed, positions=None):
+def _value_and_grads(
+    kernel, qkv, key_mask, cotangent, *, causal, rate, seed, positions=None, window=0
+):
     """(context, dq, dk, dv) <float32> of sum(context * cotangent), jitted; with ``positions``
     <int32>[B, Q] only those queries (a gathered layer's: q and the cotangent taken there)."""
 
@@ -196,7 +205,7 @@ def _value_and_grads(kernel, qkv, key_mask, cotangent, *, causal, rate, seed, po
             query = jnp.take_along_axis(query, positions[:, :, None, None], axis=1)
         context = attention.attention(
             query, key, value, key_mask, causal=causal, query_positions=positions,
-            dropout_rate=rate, dropout_seed=seed, kernel=kernel,
+            dropout_rate=rate, dropout_seed=seed, kernel=kernel, window=window or None,
         )  # fmt: skip
         weights = cotangent[:, : context.shape[1]]
         return jnp.sum(context.astype(jnp.float32) * weights), context
@@ -217,25 +226,25 @@ def compare(kernel: str, *, head_dim: int, dtype: str, dropout_rate: float, caus
     floor, differences = FLOORS[str(jnp.dtype(dtype))], []
     rates = (dropout_rate, 0.0) if kernel == "gpu" and dropout_rate > 0 else (dropout_rate,)
     gathered = [None] + ([shapes.query_positions()] if shapes.queries else [])
+    windows = [0] + ([shapes.window] if shapes.window else [])
     settings = (kernel, device.device_kind, head_dim, str(jnp.dtype(dtype)), float(dropout_rate),
                 causal, shapes)  # fmt: skip
-    for rate in rates:
-        for positions in gathered:
-            where = None if positions is None else jax.device_put(positions, device)
-            options = dict(causal=causal, rate=rate, seed=seed, positions=where)
-            try:
-                got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
-            except Exception as e:  # a kernel that does not lower, compile or run here fails too
-                lines = str(e).strip().splitlines()
-                error = f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-                return Outcome(*settings, tuple(differences), time.perf_counter() - began, error)
-            xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
-            with jax.default_matmul_precision("highest"):
-                truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
-            queries = 0 if positions is None else positions.shape[1]
-            for name, g, x, t in zip(OUTPUTS, got, xla, truth, strict=True):
-                error, xla_error, scale = (float(np.abs(d).max()) for d in (g - t, x - t, t))
-                differences.append(
-                    Difference(name, rate > 0, queries, error, xla_error, scale, floor)
-                )
+    for rate, positions, window in itertools.product(rates, gathered, windows):
+        where = None if positions is None else jax.device_put(positions, device)
+        options = dict(causal=causal, rate=rate, seed=seed, positions=where, window=window)
+        try:
+            got = _value_and_grads(kernel, qkv, key_mask, cotangent, **options)
+        except Exception as e:  # a kernel that does not lower, compile or run here fails too
+            lines = str(e).strip().splitlines()
+            error = f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+            return Outcome(*settings, tuple(differences), time.perf_counter() - began, error)
+        xla = _value_and_grads("xla", qkv, key_mask, cotangent, **options)
+        with jax.default_matmul_precision("highest"):
+            truth = _value_and_grads("xla", qkv32, key_mask, cotangent, **options)
+        queries = 0 if positions is None else positions.shape[1]
+        for name, g, x, t in zip(OUTPUTS, got, xla, truth, strict=True):
+            error, xla_error, scale = (float(np.abs(d).max()) for d in (g - t, x - t, t))
+            differences.append(
+                Difference(name, rate > 0, queries, error, xla_error, scale, floor, window)
+            )
     return Outcome(*settings, tuple(differences), time.perf_counter() - began)

@@ -58,7 +58,7 @@ def _traced(kernel: str, dtype, dropout: bool) -> str:
 def test_the_model_runs_the_resolved_kernel(monkeypatch, kernel, dtype, dropout, runs):
     called = []
     # cuDNN cannot even be traced without a GPU: record the call instead.
-    monkeypatch.setattr(cudnn, "cudnn_attention", lambda q, *_: called.append(1) or q)
+    monkeypatch.setattr(cudnn, "cudnn_attention", lambda q, *_, **__: called.append(1) or q)
     jaxpr = _traced(kernel, dtype, dropout)
     pallas = "pallas_call" in jaxpr
     tpu = pallas and "dimension_semantics" in jaxpr  # Mosaic's compiler params, not Triton's

@@ -52,6 +52,7 @@ class Case(NamedTuple):
     # would be rounded in steps of 1/8.
     logit_scale: float = 1.0
     packed: bool = False  # key masks of sequence ids: see packed_key_mask
+    window: int | None = None  # a local layer's window: keys within it of the query's row
 
 
 def packed_key_mask(length: int, batch: int) -> np.ndarray:
@@ -121,7 +122,7 @@ def dispatch(case: Case, kernel: str = "xla"):
     def attention_fn(query, key, value, key_mask, positions, seed):
         return attention.attention(
             query, key, value, key_mask, causal=case.causal, query_positions=positions,
-            dropout_rate=case.rate, dropout_seed=seed, kernel=kernel,
+            dropout_rate=case.rate, dropout_seed=seed, kernel=kernel, window=case.window,
         )  # fmt: skip
 
     return attention_fn
@@ -134,7 +135,7 @@ def kernel_fn(flash_attention, case: Case, **options):
     def attention_fn(query, key, value, key_mask, positions, seed):
         return flash_attention(
             query, key, value, key_mask, causal=case.causal, query_positions=positions,
-            dropout_rate=case.rate, dropout_seed=seed, **options,
+            dropout_rate=case.rate, dropout_seed=seed, window=case.window, **options,
         )  # fmt: skip
 
     return attention_fn

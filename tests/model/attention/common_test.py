@@ -54,14 +54,15 @@ class _Plan(common.PlanCounts):
     padded_keys: int
     causal: bool
     dropout_rate: float = 0.0
+    window: int | None = None
 
 
-def _plan(key_mask, num_queries, causal, block_q, block_k):
+def _plan(key_mask, num_queries, causal, block_q, block_k, window=None):
     length = key_mask.shape[1]
     return _Plan(
         batch=key_mask.shape[0], block_q=block_q, block_k=block_k,
         padded_queries=common.round_up(num_queries, block_q),
-        padded_keys=common.round_up(length, block_k), causal=causal,
+        padded_keys=common.round_up(length, block_k), causal=causal, window=window,
     )  # fmt: skip
 
 
@@ -79,7 +80,7 @@ def _hull_of_allowed_blocks(plan, key_mask, positions, num_queries):
     the smallest [first, end) holding every key block with a key allowed to one of its queries
     (every block when one of its queries has none); per key block the query blocks whose range
     holds it ((0, 0): none)."""
-    allowed = np.asarray(xla.allowed_keys(key_mask, plan.causal, positions))[:, 0]
+    allowed = np.asarray(xla.allowed_keys(key_mask, plan.causal, positions, plan.window))[:, 0]
     key_blocks = np.zeros((plan.batch, plan.num_q_blocks, 2), np.int32)
     for b in range(plan.batch):
         for qi in range(plan.num_q_blocks):
@@ -97,10 +98,13 @@ def _hull_of_allowed_blocks(plan, key_mask, positions, num_queries):
     return key_blocks, query_blocks
 
 
+@pytest.mark.parametrize("window", [None, 20])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("queries,shuffled", [(None, False), (40, False), (64, True)])
-def test_block_ranges_are_the_hull_of_the_allowed_keys_blocks(packed, causal, queries, shuffled):
+def test_block_ranges_are_the_hull_of_the_allowed_keys_blocks(
+    packed, causal, queries, shuffled, window
+):
     """key_blocks and query_blocks equal the brute-force hull of the XLA path's mask: no block
     holding an allowed key is skipped, and no block outside the hull is visited."""
     case = Case(200, causal=causal, rate=0.0, queries=queries, batch=4, shuffled=shuffled,
@@ -108,7 +112,7 @@ def test_block_ranges_are_the_hull_of_the_allowed_keys_blocks(packed, causal, qu
     (_, _, _, key_mask), positions, _ = cases.inputs(case)
     positions = None if positions is None else jnp.asarray(positions)
     num_queries = queries or 200
-    plan = _plan(key_mask, num_queries, causal, block_q=32, block_k=16)
+    plan = _plan(key_mask, num_queries, causal, block_q=32, block_k=16, window=window)
     got = _ranges(plan, key_mask, positions, num_queries)
     want = _hull_of_allowed_blocks(plan, key_mask, positions, num_queries)
     np.testing.assert_array_equal(got[0], want[0])
@@ -135,6 +139,32 @@ def test_packed_rows_visit_only_their_instances_key_blocks():
         ("packed", False): 16, ("packed", True): 12, ("unpacked", False): 64,
         ("unpacked", True): 36,
     }  # fmt: skip
+
+
+def test_a_window_visits_the_tiles_it_needs_and_the_cost_estimate_counts_them():
+    """L = 8,192 in blocks of 512, ModernBERT's window (+-64): each query block visits 2 or 3
+    key blocks (its own and the neighbours the window reaches), 46 tiles instead of 256: the
+    work grows with the window, not with L. The TPU kernels' cost estimate (what XLA's cost
+    analysis, and so ``bertjax.compile``, reports) counts the tiles a query block can visit."""
+    from bertjax.model.attention.tpu import calls, flash  # noqa: PLC0415
+
+    key_mask = jnp.ones((1, 8192), jnp.int32)
+    tiles = {}
+    for window in (None, 64):
+        plan = _plan(key_mask, 8192, False, block_q=512, block_k=512, window=window)
+        key_blocks, query_blocks = _ranges(plan, key_mask, None, 8192)
+        tiles[window] = int((key_blocks[..., 1] - key_blocks[..., 0]).sum())
+        assert int((query_blocks[..., 1] - query_blocks[..., 0]).sum()) == tiles[window]
+    assert tiles == {None: 256, 64: 16 * 3 - 2}
+    query = jnp.zeros((1, 8192, 12, 64), jnp.bfloat16)
+    flops = {}
+    for window in (None, 64):
+        blocks = dict(block_q=512, block_k=512, total_heads=12, total_queries=8192)
+        plan = flash._make_plan(query, query, causal=False, dropout_rate=0.0, window=window,
+                                **blocks)  # fmt: skip
+        cost = calls._cost(plan, 2, 1, [], [], 1)
+        flops[window] = cost.flops
+    assert flops[64] * 16 == flops[None] * 3  # 3 of 16 key blocks per query block at most
 
 
 @pytest.mark.parametrize(

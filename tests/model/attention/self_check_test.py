@@ -72,3 +72,27 @@ def test_a_kernel_that_lets_packed_instances_see_each_other_fails(monkeypatch):
     )
     assert not outcome.passed, outcome.describe()
     assert outcome.worst.ratio > 10
+
+
+def test_a_windowed_run_checks_its_local_calls_and_a_kernel_ignoring_the_window_fails(
+    monkeypatch,
+):
+    """A model with local layers is checked at its window beside the global call; a kernel that
+    drops the window passes the global call and fails the windowed one, named in its line."""
+    shapes = self_check.Shapes(length=384, packed=0, window=50)
+    outcome = self_check.compare("tpu_interpret", head_dim=64, dtype="float32",
+                                 dropout_rate=0.1, causal=False, shapes=shapes)  # fmt: skip
+    assert outcome.passed, outcome.describe()
+    assert {d.window for d in outcome.differences} == {0, 50}
+    assert outcome.to_dict()["window"] == 50
+
+    def windowless(*args, window=None, **kwargs):
+        return flash(*args, **kwargs)
+
+    flash = tpu.flash_attention
+    monkeypatch.setattr(tpu, "flash_attention", windowless)
+    outcome = self_check.compare("tpu_interpret", head_dim=64, dtype="float32",
+                                 dropout_rate=0.1, causal=False, shapes=shapes)  # fmt: skip
+    assert not outcome.passed
+    assert {d.window for d in outcome.differences if d.ratio > 1} == {50}
+    assert ", window 50, differs from the float32 truth" in outcome.describe()

@@ -21,10 +21,14 @@ def runs(dropout: bool, dtype) -> bool:
     return not dropout and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
 
 
-def cudnn_attention(query, key, value, key_mask, causal, query_positions, implementation="cudnn"):
+def cudnn_attention(
+    query, key, value, key_mask, causal, query_positions, implementation="cudnn", window=None
+):
     """Shapes as ``bertjax.model.attention.attention``, no dropout. ``implementation='xla'``
-    runs JAX's own XLA form of the same call (the tests check this wrapper on CPU with it)."""
-    bias = jnp.where(allowed_keys(key_mask, causal, query_positions), 0.0, MASK_VALUE)
+    runs JAX's own XLA form of the same call (the tests check this wrapper on CPU with it).
+    A ``window`` is in the bias, like every other mask: cuDNN computes its tiles all the same."""
+    allowed = allowed_keys(key_mask, causal, query_positions, window)
+    bias = jnp.where(allowed, 0.0, MASK_VALUE)
     return jax.nn.dot_product_attention(
         query,
         key,

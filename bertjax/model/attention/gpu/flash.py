@@ -45,8 +45,9 @@ def _power_of_two(x: int) -> int:
 
 
 def _make_plan(
-    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False, **totals
-):
+    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False,
+    window=None, **totals,
+):  # fmt: skip
     batch, num_queries, num_heads, head_dim = query.shape
     length = key.shape[1]
     block_q = block_q or min(DEFAULT_BLOCK_Q, _power_of_two(num_queries))
@@ -65,6 +66,7 @@ def _make_plan(
         causal=causal,
         dropout_rate=float(dropout_rate),
         interpret=bool(interpret),
+        window=window,
         block_q_dkv=min(block_q, kernels.Plan.block_q_dkv),
         **totals,
     )
@@ -156,7 +158,7 @@ def _operands(plan, specs, tensors, aux, ranges):
     ``aux.key_blocks`` (forward, dq) or the dk/dv kernel's query sub-block ranges."""
     operands = [(_whole(ranges), ranges), (_whole(aux.params), aux.params), *tensors]
     operands += [(specs["code"], aux.code), (specs["query_code"], aux.query_code)]
-    if plan.causal:
+    if plan.needs_positions:
         operands.append((specs["positions"], aux.positions))
     return operands
 

@@ -57,6 +57,7 @@ class Plan(PlanCounts):
     block_q_dkv: int = 32
     num_warps: int = 4
     num_stages: int = 2
+    window: int | None = None  # a local layer's window (bertjax.model.attention.attention)
 
 
 def _scores(q, k, bias) -> jax.Array:
@@ -74,7 +75,7 @@ class _Tile:
         self.keys = (kj * plan.block_k + jnp.arange(plan.block_k, dtype=jnp.int32))[None, :]
         code, query_code = codes  # [bk], [bq]
         query_positions = None if positions is None else positions[:, None]
-        self.bias = tile_bias(code[None, :], query_code[:, None], self.keys, query_positions)
+        self.bias = tile_bias(code[None, :], query_code[:, None], self.keys, query_positions, plan)
         # One mask per tile, however many arrays it is applied to (None without dropout).
         rows = dropout_rows(plan, params_ref, b, h, self.queries) if plan.dropout else None
         self.keep = keep_mask(plan, params_ref, rows, self.keys)
@@ -102,7 +103,9 @@ def forward_kernel(*refs, plan: Plan):
     """Online softmax over the query block's key blocks; writes the context [bq, D] and the
     per-query max and sum <float32>[bq]."""
     key_blocks_ref, params_ref, q_ref, k_ref, v_ref, code_ref, query_code_ref, *rest = refs
-    pos_ref, (o_ref, max_ref, sum_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    pos_ref, (o_ref, max_ref, sum_ref) = (
+        (rest[0], rest[1:]) if plan.needs_positions else (None, rest)
+    )
     b, h, qi = (pl.program_id(i) for i in range(3))
     q, query_code = q_ref[...], query_code_ref[...]
     positions = None if pos_ref is None else pos_ref[...]
@@ -143,7 +146,7 @@ def dq_kernel(*refs, plan: Plan):
     """dq = sum over the query block's key blocks of dS K."""
     key_blocks_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
     max_ref, sum_ref, di_ref, code_ref, query_code_ref, *rest = rest
-    pos_ref, (dq_ref,) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    pos_ref, (dq_ref,) = (rest[0], rest[1:]) if plan.needs_positions else (None, rest)
     b, h, qi = (pl.program_id(i) for i in range(3))
     q, do, query_code = q_ref[...], do_ref[...], query_code_ref[...]
     stats = (max_ref[...], 1.0 / sum_ref[...], di_ref[...])
@@ -171,7 +174,7 @@ def dkv_kernel(*refs, plan: Plan):
     visits every block). A loop without branches lets Triton pipeline its loads."""
     range_ref, params_ref, q_ref, k_ref, v_ref, do_ref, *rest = refs
     max_ref, sum_ref, di_ref, code_ref, query_code_ref, *rest = rest
-    pos_ref, (dk_ref, dv_ref) = (rest[0], rest[1:]) if plan.causal else (None, rest)
+    pos_ref, (dk_ref, dv_ref) = (rest[0], rest[1:]) if plan.needs_positions else (None, rest)
     b, h, kj = (pl.program_id(i) for i in range(3))
     k, v, code = k_ref[...], v_ref[...], code_ref[...]
     block = plan.block_q_dkv

@@ -107,7 +107,9 @@ def _pallas(plan: Plan, kernel, grid, in_specs, out_specs, out_shape, scratch, c
 def _cost(plan: Plan, matmuls: int, exps: int, resident, streamed, restreams: int):
     """Honest cost for XLA's scheduler and cost analysis: ``resident`` arrays are read or
     written once, ``streamed`` ones once per block of the other sequence (when it has >1)."""
-    pairs = plan.batch * plan.num_heads * plan.padded_queries * plan.padded_keys
+    # The (query, key) pairs of the tiles it can visit: all, or what a window leaves.
+    keys = min(plan.padded_keys, plan.visited_key_blocks * plan.block_k)
+    pairs = plan.batch * plan.num_heads * plan.padded_queries * keys
     nbytes = lambda arrays: sum(math.prod(x.shape) * x.dtype.itemsize for x in arrays)
     return pl.CostEstimate(
         flops=2 * matmuls * pairs * plan.head_dim,
@@ -118,11 +120,11 @@ def _cost(plan: Plan, matmuls: int, exps: int, resident, streamed, restreams: in
 
 def _mask_operands(plan: Plan, specs, aux):
     """Key codes <int32>[B, Lp] as a column [B, Lp, 1] (keys are sublanes in every tile), query
-    codes [B, Qp] as a row [B, 1, Qp] and, for causal attention, query positions as a row too,
+    codes [B, Qp] as a row [B, 1, Qp] and, causal or windowed, query positions as a row too,
     with their specs."""
     operands = [aux.code[:, :, None], aux.query_code[:, None, :]]
     mask_specs = [specs["code"], specs["query_code"]]
-    if plan.causal:
+    if plan.needs_positions:
         operands.append(aux.positions[:, None, :])
         mask_specs.append(specs["positions"])
     return operands, mask_specs

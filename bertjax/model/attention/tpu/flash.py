@@ -60,8 +60,9 @@ def _heads_per_block(num_heads: int, head_dim: int) -> int:
 
 
 def _make_plan(
-    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False, **totals
-):
+    query, key, *, causal, dropout_rate, block_q=None, block_k=None, interpret=False,
+    window=None, **totals,
+):  # fmt: skip
     batch, num_queries, num_heads, head_dim = query.shape
     length = key.shape[1]
     block_q = block_q or _default_block(num_queries, DEFAULT_BLOCK_Q)
@@ -80,6 +81,7 @@ def _make_plan(
         causal=causal,
         dropout_rate=float(dropout_rate),
         interpret=interpret,
+        window=window,
         **totals,
     )
 

@@ -49,6 +49,7 @@ class Plan(PlanCounts):
     total_heads: int  # global N: the dropout row index is global
     total_queries: int  # global Q
     interpret: Any  # False, True (interpret on the host), or pltpu.InterpretParams
+    window: int | None = None  # a local layer's window (bertjax.model.attention.attention)
 
     @property
     def width(self) -> int:
@@ -68,7 +69,7 @@ def _unpack(refs, plan: Plan, num_inputs: int):
     """Split refs into (inputs, positions or None, the rest) around the optional positions;
     ``inputs`` end with the key and query codes."""
     inputs, rest = refs[:num_inputs], refs[num_inputs:]
-    if plan.causal:
+    if plan.needs_positions:
         return inputs, rest[0], rest[1:]
     return inputs, None, rest
 
@@ -84,7 +85,7 @@ def _tile(plan: Plan, code_ref, query_code_ref, pos_ref, qi, kj):
     keys = _iota((plan.block_k, 1), 0, kj * plan.block_k)
     queries = _iota((1, plan.block_q), 1, qi * plan.block_q)
     positions = None if pos_ref is None else pos_ref[0]  # [1, bq]
-    return tile_bias(code_ref[0], query_code_ref[0], keys, positions), keys, queries
+    return tile_bias(code_ref[0], query_code_ref[0], keys, positions, plan), keys, queries
 
 
 def _heads(plan: Plan, head_block):

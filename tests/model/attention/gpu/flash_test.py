@@ -33,6 +33,10 @@ GPU_CASES = [
     Case(200, causal=True, rate=0.0, block=16, packed=True, batch=4),
     Case(200, causal=True, rate=0.1, queries=64, block=16, shuffled=True, packed=True, batch=4),
     Case(200, causal=False, rate=0.1, queries=20, packed=True, batch=4),
+    # Local layers (a window of +-20 rows): edges inside blocks, with packing and gathered rows.
+    Case(200, causal=False, rate=0.1, block=32, window=20),
+    Case(200, causal=False, rate=0.0, block=16, window=20, packed=True, batch=4),
+    Case(200, causal=False, rate=0.1, queries=64, block=16, window=20, shuffled=True),
 ]
 
 

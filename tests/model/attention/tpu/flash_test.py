@@ -41,6 +41,12 @@ FUSED_CASES = [
     Case(384, causal=True, rate=0.1, queries=40, block=128, packed=True, tpu_interpret=True),
     Case(384, causal=False, rate=0.0, queries=40, block=128, packed=True, batch=4),
     Case(256, causal=True, rate=0.1, block=128, block_k=256, packed=True, batch=4),
+    # Local layers (ModernBERT's window, +-50 or +-64 rows): window edges inside blocks, key
+    # ranges that start and end inside the row, composed with packing, gathered queries, bf16.
+    Case(512, causal=False, rate=0.1, block=128, window=50),
+    Case(512, causal=False, rate=0.0, block=128, window=64, packed=True, batch=4),
+    Case(512, causal=False, rate=0.1, queries=40, block=128, window=50, tpu_interpret=True),
+    Case(384, causal=False, rate=0.0, block=128, window=64, dtype="bfloat16"),
 ]
 
 
