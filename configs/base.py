@@ -154,10 +154,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.synthetic_data = False
 
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "bert_adamw"  # bert_adamw (original, no bias correction) | adamw | lamb
+    # bert_adamw (original, no bias correction) | adamw | lamb | stable_adamw (ModernBERT's)
+    config.optimizer.name = "bert_adamw"
     config.optimizer.learning_rate = 1e-4  # peak learning rate
     config.optimizer.warmup_steps = 10_000  # linear warmup from 0
-    config.optimizer.schedule = "linear"  # linear: decay to 0 at decay_steps | constant
+    config.optimizer.schedule = "linear"  # linear: decay to 0 at decay_steps | constant | wsd
+    # wsd (warmup-stable-decay): the last cooldown_steps of the schedule decay to 0, shaped
+    # linear | 1-sqrt (bertjax.training.optimizer).
+    config.optimizer.cooldown_steps = 0
+    config.optimizer.cooldown_shape = "1-sqrt"
     # Length of the schedule; 0 = train.num_steps. Lets a two-phase recipe share one schedule.
     config.optimizer.decay_steps = 0
     config.optimizer.beta1 = 0.9

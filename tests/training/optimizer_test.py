@@ -136,3 +136,91 @@ def test_bad_names_raise_clear_errors():
         optimizer.create_optimizer(_opt_config(name="sgd"), 10)
     with pytest.raises(ValueError, match="config.optimizer.schedule"):
         optimizer.create_optimizer(_opt_config(schedule="cosine"), 10)
+
+
+def test_stable_adamw_equals_modernberts_optimi_step_for_step():
+    """optimizer.name='stable_adamw' against torch-optimi's StableAdamW (ModernBERT's optimizer;
+    for-loop implementation, float32 on CPU) over 6 steps: weight decay on kernels only, a
+    gradient 30x larger at step 4 so that the per-tensor update clipping acts, gradient
+    clipping off. Same params within float32 rounding; a control without the clipping differs."""
+    import optimi  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    flat = _flat_params(rng)
+    grads = [{k: (rng.normal(size=v.shape) * (30.0 if s == 3 else 1.0)).astype(np.float32)
+              for k, v in flat.items()} for s in range(6)]  # fmt: skip
+    config = dict(name="stable_adamw", learning_rate=1e-2, warmup_steps=0, schedule="constant",
+                  beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.1, max_grad_norm=0.0)  # fmt: skip
+    tx = optimizer.create_optimizer(_opt_config(**config), 10)
+    params = jax.tree.map(jnp.asarray, _nest(flat))
+    state = tx.init(params)
+    for g in grads:
+        updates, state = tx.update(jax.tree.map(jnp.asarray, _nest(g)), state, params)
+        params = optax.apply_updates(params, updates)
+
+    mask = optimizer.decay_mask(_nest(flat))
+    decays = {k: bool(_get(mask, k)) for k in flat}
+    tensors = {k: torch.tensor(v, requires_grad=True) for k, v in flat.items()}
+    groups = [{"params": [tensors[k] for k in flat if decays[k] == d], "weight_decay": wd}
+              for d, wd in ((True, 0.1), (False, 0.0))]  # fmt: skip
+    reference = optimi.StableAdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-6,
+                                   foreach=False, triton=False)  # fmt: skip
+    for g in grads:
+        for k, t in tensors.items():
+            t.grad = torch.tensor(g[k])
+        reference.step()
+    assert any(not d for d in decays.values()) and any(decays.values())
+    for k, t in tensors.items():
+        np.testing.assert_allclose(_get(params, k), t.detach().numpy(), rtol=2e-6, atol=1e-7,
+                                   err_msg=k)  # fmt: skip
+    # The control: plain AdamW (bias-corrected, the same decay) misses the step-4 clipping.
+    plain = optimizer.create_optimizer(_opt_config(**{**config, "name": "adamw"}), 10)
+    control, plain_state = jax.tree.map(jnp.asarray, _nest(flat)), None
+    plain_state = plain.init(control)
+    for g in grads:
+        updates, plain_state = plain.update(jax.tree.map(jnp.asarray, _nest(g)), plain_state,
+                                            control)  # fmt: skip
+        control = optax.apply_updates(control, updates)
+    kernel = "encoder/dense/kernel"
+    assert np.abs(_get(control, kernel) - _get(params, kernel)).max() > 1e-4
+
+
+def _get(tree, path):
+    for key in path.split("/"):
+        tree = tree[key]
+    return np.asarray(tree)
+
+
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
+def test_wsd_schedule_warms_up_holds_then_cools_down_to_zero(shape):
+    """100 steps: 10 of warmup, constant to step 80, then 20 of cooldown to 0 at step 100."""
+    config = _opt_config(learning_rate=1.0, warmup_steps=10, schedule="wsd", cooldown_steps=20,
+                         cooldown_shape=shape)  # fmt: skip
+    sched = optimizer.learning_rate_schedule(config, 100)
+    got = np.array([float(sched(s)) for s in (0, 5, 10, 50, 80, 85, 95, 100, 120)])
+    fraction = np.array([5, 15]) / 20
+    cooled = 1 - (np.sqrt(fraction) if shape == "1-sqrt" else fraction)
+    np.testing.assert_allclose(got, [0, 0.5, 1, 1, 1, *cooled, 0, 0], atol=1e-6)
+
+
+def test_wsd_and_stable_adamw_bad_keys_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"cooldown_shape='cosine': expected one of"):
+        optimizer.learning_rate_schedule(
+            _opt_config(schedule="wsd", cooldown_steps=5, cooldown_shape="cosine"), 100
+        )
+    with pytest.raises(ValueError, match=r"cooldown_steps=98: expected 0..97 \(the schedule's"):
+        optimizer.learning_rate_schedule(
+            _opt_config(schedule="wsd", cooldown_steps=98, cooldown_shape="linear"), 100
+        )
+
+
+def test_decay_mask_excludes_modernbert_norms():
+    params = {"encoder": {"final_norm": {"scale": 1}, "layers": {"layer_1": {
+        "attention_norm": {"scale": 1}, "mlp_norm": {"scale": 1},
+        "intermediate": {"kernel": 1}}}}}  # fmt: skip
+    mask = optimizer.decay_mask(params)
+    layer = mask["encoder"]["layers"]["layer_1"]
+    assert layer["intermediate"]["kernel"]
+    assert not (layer["attention_norm"]["scale"] or layer["mlp_norm"]["scale"])
+    assert not mask["encoder"]["final_norm"]["scale"]
