@@ -169,6 +169,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.beta2 = 0.999
     config.optimizer.eps = 1e-6
     config.optimizer.weight_decay = 0.01  # decoupled; never on LayerNorm params or biases
+    # stable_adamw: decay by (lr_t / learning_rate) * weight_decay, not lr_t * weight_decay.
+    config.optimizer.fully_decoupled_decay = False
     config.optimizer.max_grad_norm = 1.0  # global-norm clipping; <= 0 disables
 
     config.checkpoint = ml_collections.ConfigDict()

@@ -19,6 +19,9 @@
                     ("linear" or "1-sqrt": peak * (1 - sqrt(fraction of the cooldown done)))
     beta1, beta2, eps          Adam / LAMB moment parameters
     weight_decay    decoupled weight decay rate; never applied to norm params or biases
+    fully_decoupled_decay   stable_adamw only: the decay follows the schedule's shape but not
+                    its peak, param *= 1 - (lr_t / learning_rate) * weight_decay (ModernBERT's
+                    ``decoupled_stableadamw``, optimi's ``decouple_lr``); False: * lr_t
     max_grad_norm   clip gradients by global norm before the optimizer (<= 0 disables)
 
 The schedule is evaluated at the 0-based update count *before* it is incremented, like the
@@ -195,6 +198,9 @@ def create_optimizer(opt_config, num_train_steps: int) -> optax.GradientTransfor
             optax.scale_by_learning_rate(schedule),
         )
     elif opt_config.name == "stable_adamw":
+        peak = float(opt_config.learning_rate)
+        if opt_config.get("fully_decoupled_decay", False) and peak > 0:
+            wd = wd / peak  # scaled back by lr_t: (lr_t / peak) * weight_decay
         core = optax.chain(
             scale_by_stable_adamw(b1, b2, eps, wd, decay_mask),
             optax.scale_by_learning_rate(schedule),

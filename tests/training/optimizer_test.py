@@ -138,20 +138,24 @@ def test_bad_names_raise_clear_errors():
         optimizer.create_optimizer(_opt_config(schedule="cosine"), 10)
 
 
-def test_stable_adamw_equals_modernberts_optimi_step_for_step():
+@pytest.mark.parametrize("fully_decoupled", [False, True])
+def test_stable_adamw_equals_modernberts_optimi_step_for_step(fully_decoupled):
     """optimizer.name='stable_adamw' against torch-optimi's StableAdamW (ModernBERT's optimizer;
     for-loop implementation, float32 on CPU) over 6 steps: weight decay on kernels only, a
     gradient 30x larger at step 4 so that the per-tensor update clipping acts, gradient
-    clipping off. Same params within float32 rounding; a control without the clipping differs."""
+    clipping off; the decay scaled by lr_t or, fully decoupled, by lr_t / peak (ModernBERT's).
+    Same params within float32 rounding; a control without the clipping differs."""
     import optimi  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
     rng = np.random.default_rng(3)
     flat = _flat_params(rng)
+    decay = 5e-4 if fully_decoupled else 0.05  # either way, params shrink by 5e-4 a step
     grads = [{k: (rng.normal(size=v.shape) * (30.0 if s == 3 else 1.0)).astype(np.float32)
               for k, v in flat.items()} for s in range(6)]  # fmt: skip
     config = dict(name="stable_adamw", learning_rate=1e-2, warmup_steps=0, schedule="constant",
-                  beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.1, max_grad_norm=0.0)  # fmt: skip
+                  beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=decay, max_grad_norm=0.0,
+                  fully_decoupled_decay=fully_decoupled)  # fmt: skip
     tx = optimizer.create_optimizer(_opt_config(**config), 10)
     params = jax.tree.map(jnp.asarray, _nest(flat))
     state = tx.init(params)
@@ -163,8 +167,9 @@ def test_stable_adamw_equals_modernberts_optimi_step_for_step():
     decays = {k: bool(_get(mask, k)) for k in flat}
     tensors = {k: torch.tensor(v, requires_grad=True) for k, v in flat.items()}
     groups = [{"params": [tensors[k] for k in flat if decays[k] == d], "weight_decay": wd}
-              for d, wd in ((True, 0.1), (False, 0.0))]  # fmt: skip
+              for d, wd in ((True, decay), (False, 0.0))]  # fmt: skip
     reference = optimi.StableAdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-6,
+                                   decouple_lr=fully_decoupled, max_lr=1e-2,
                                    foreach=False, triton=False)  # fmt: skip
     for g in grads:
         for k, t in tensors.items():
@@ -175,6 +180,8 @@ def test_stable_adamw_equals_modernberts_optimi_step_for_step():
         np.testing.assert_allclose(_get(params, k), t.detach().numpy(), rtol=2e-6, atol=1e-7,
                                    err_msg=k)  # fmt: skip
     # The control: plain AdamW (bias-corrected, the same decay) misses the step-4 clipping.
+    if fully_decoupled:
+        return
     plain = optimizer.create_optimizer(_opt_config(**{**config, "name": "adamw"}), 10)
     control, plain_state = jax.tree.map(jnp.asarray, _nest(flat)), None
     plain_state = plain.init(control)
