@@ -59,7 +59,9 @@ from bertjax.training import workdir as workdir_lib
 
 # The BertConfig fields a checkpoint decides: what function its weights compute, and how the
 # original would initialise the heads it lacks.
-ARCHITECTURE = (*SHAPE_FIELDS, "hidden_act", "layer_norm_eps", "initializer_range")
+ARCHITECTURE = (*SHAPE_FIELDS, "hidden_act", "layer_norm_eps", "initializer_range",
+                "architecture", "global_attn_every_n_layers", "local_attention", "attention_bias",
+                "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "head_act")  # fmt: skip
 # BertForPreTraining's top-level subtrees (bertjax.model.heads), in the order they are named.
 SUBTREES = ("encoder", "pooler", "mlm", "nsp")
 

@@ -3,7 +3,8 @@
 The layout and the restore order are ``bertjax.training.checkpoint``'s docstring. A run goes:
 
 1. :func:`check_resumable` (read only): a workdir that holds a run must hold this run's model
-   (every architecture field of ``BertConfig`` equal; the error lists the ones that differ) and
+   (every architecture field of ``BertConfig`` equal, but a 'modernbert' phase's
+   :data:`PHASE_FIELDS`; the error lists the ones that differ) and
    vocab (the fingerprint of ``config.data.vocab_file``; differing size or content is an error
    naming both files, unless ``config.allow_vocab_change``).
 2. :meth:`Checkpoints.restore` (read only): the newest step whose manifest verifies
@@ -63,6 +64,9 @@ FORMAT_VERSION = 3  # 2: the steps carry manifests; 3: the record's "init" (init
 READS = (2, 3)  # format 2 resumes as before, reading its init checkpoint
 RUNTIME_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy", "attention_impl",
                   "cpu_forms", "gather_last_layer", "attention_check")  # fmt: skip
+# What a 'modernbert' phase may change on resume (no weight depends on them): its context
+# extension raises the length and the RoPE bases (configs/modernbert_base.py, phase 2).
+PHASE_FIELDS = ("max_position_embeddings", "global_rope_theta", "local_rope_theta")
 
 
 def read_record(workdir) -> dict | None:
@@ -87,10 +91,11 @@ def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_voc
     if record is None:
         return None
     recorded = record["bert_config"]
+    free = RUNTIME_FIELDS + (PHASE_FIELDS if recorded.is_modern and bert_config.is_modern else ())
     differ = [
         f"config.model.{name} {getattr(recorded, name)!r} -> {getattr(bert_config, name)!r}"
         for name in sorted(vars(recorded))
-        if name not in RUNTIME_FIELDS and getattr(recorded, name) != getattr(bert_config, name)
+        if name not in free and getattr(recorded, name) != getattr(bert_config, name)
     ]
     if differ:
         raise CheckpointError(

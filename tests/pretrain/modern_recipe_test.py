@@ -1,0 +1,75 @@
+"""The ModernBERT recipe as configs ship it: ``configs/modernbert_base.py``'s two phases and
+``configs/modernbert_tiny.py``, run in-process on a slice of the bundled corpus: the tiny recipe
+(packed rows, MLM at 30% without NSP, StableAdamW, a 1-sqrt cooldown) resumes bit-exactly from
+a checkpoint, and phase 2 (8,192 tokens, global RoPE base 160,000) resumes phase 1's workdir,
+which a BERT run may not do with the same changes."""
+
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.training import checkpoint
+from bertjax.training import workdir as workdir_lib
+from tests.commands import tiny_run
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "configs"))
+import modernbert_base  # noqa: E402
+import modernbert_tiny  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fast_compiles")
+
+
+def _tiny(tmp_path, num_steps):
+    corpus = tiny_run.write_env(tmp_path)
+    config = modernbert_tiny.get_config().unlock()
+    config.model.update(hidden_size=32, num_heads=2, intermediate_size=48, num_layers=3,
+                        local_attention=8, max_position_embeddings=32)  # fmt: skip
+    config.data.update(input_files=[str(corpus)], eval_input_files=[str(corpus)],
+                       max_seq_length=32, max_predictions_per_seq=10,
+                       cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    config.train.update(num_steps=num_steps, global_batch_size=16, eval_every=0, log_every=1)
+    # One schedule of 6 steps (2 of warmup, 3 of cooldown) whatever num_steps stops the run at.
+    config.optimizer.update(warmup_steps=2, cooldown_steps=3, decay_steps=6)
+    config.checkpoint.every_steps = 2
+    return config.lock()
+
+
+def test_the_tiny_recipe_resumes_bit_exactly(tmp_path, capsys):
+    from bertjax.pretrain import loop  # noqa: PLC0415
+
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    loop.train_and_evaluate(_tiny(tmp_path, 6), str(whole))
+    loop.train_and_evaluate(_tiny(tmp_path, 4), str(halves))  # stops after step 4's save
+    capsys.readouterr()
+    loop.train_and_evaluate(_tiny(tmp_path, 6), str(halves))  # resumes at 4: the cooldown
+    assert "restored step 4 " in capsys.readouterr().out
+    got, *_ = workdir_lib.latest_params(halves)
+    want, *_ = workdir_lib.latest_params(whole)
+    leaves = jax.tree.leaves_with_path(want)
+    assert any("mlp_norm" in jax.tree_util.keystr(p) for p, _ in leaves)  # the modern layers
+    for (path, a), b in zip(leaves, jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=str(path))
+
+
+def test_phase_2_extends_the_context_of_phase_1s_workdir(tmp_path):
+    one, two = modernbert_base.get_config("ettin-17m,1"), modernbert_base.get_config("ettin-17m,2")
+    assert (one.data.max_seq_length, two.data.max_seq_length) == (1024, 8192)
+    assert (one.model.global_rope_theta, two.model.global_rope_theta) == (10_000.0, 160_000.0)
+    assert two.optimizer.cooldown_steps == two.train.num_steps - modernbert_base.PHASE1_STEPS
+    assert (one.data.nsp, one.data.masked_lm_prob, one.optimizer.name) == (
+        False, 0.3, "stable_adamw")  # fmt: skip
+    from bertjax.pretrain import objective  # noqa: PLC0415
+
+    first, second = objective.bert_config_from(one), objective.bert_config_from(two)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n")
+    workdir_lib.write_record(tmp_path / "run", first, str(vocab), True, "{}")
+    workdir_lib.check_resumable(tmp_path / "run", second, str(vocab), False)  # accepted
+    bert_one = first.replace(architecture="bert")
+    workdir_lib.write_record(tmp_path / "bert", bert_one, str(vocab), True, "{}")
+    with pytest.raises(checkpoint.CheckpointError, match=r"global_rope_theta 10000.0 -> 160000"):
+        workdir_lib.check_resumable(tmp_path / "bert", bert_one.replace(global_rope_theta=160e3),
+                                    str(vocab), False)  # fmt: skip
