@@ -1,6 +1,7 @@
 """Masking against the original create_masked_lm_predictions rules (statistics + transcription)."""
 
 import numpy as np
+import pytest
 
 from bertjax.data import masking
 
@@ -41,16 +42,19 @@ def _reference_num_to_predict(num_tokens, spec):
     return min(spec.max_predictions_per_seq, max(1, int(round(num_tokens * spec.masked_lm_prob))))
 
 
-def test_statistics_over_100k_tokens():
+@pytest.mark.parametrize("rate,predictions", [(0.15, 20), (0.3, 40)], ids=["bert", "modernbert"])
+def test_statistics_over_100k_tokens(rate, predictions):
+    """The original's rules at BERT's rate and at ModernBERT's 30% (configs/modernbert_*.py):
+    exact per-row counts, 80/10/10, [CLS], [SEP] and padding never masked."""
     ids, mask = _rows()
-    spec = _spec()
+    spec = _spec(masked_lm_prob=rate, max_predictions_per_seq=predictions)
     out = masking.mask_batch(ids, mask, masking.hash_keys(7, np.arange(len(ids))), spec)
     weights = out["masked_lm_weights"] > 0
     assert mask.sum() > 100_000
     # Exact per-row counts of the original formula ([CLS]/[SEP] counted in len(tokens)).
     expected = [_reference_num_to_predict(n, spec) for n in mask.sum(axis=1)]
     np.testing.assert_array_equal(weights.sum(axis=1), expected)
-    assert abs(weights.sum() / mask.sum() - 0.15) < 0.005
+    assert abs(weights.sum() / mask.sum() - rate) < 0.005
     positions, labels = out["masked_lm_positions"], out["masked_lm_ids"]
     rows = np.nonzero(weights)[0]
     at = out["input_ids"][rows, positions[weights]]
