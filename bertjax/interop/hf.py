@@ -13,6 +13,12 @@ are (:data:`ARCHITECTURES`):
     BertForQuestionAnswering               encoder, span (qa_outputs)    ('span')
     BertForMultipleChoice                  encoder, pooler, classifier   ('choice')
 
+A ModernBERT directory (``model_type: modernbert``; ``ModernBertModel`` or
+``ModernBertForMaskedLM``, names in ``bertjax.interop.modernbert``) is read and written too,
+with a WordPiece ``vocab.txt``: a pretrained 'modernbert' checkpoint exports as
+``ModernBertForMaskedLM`` (its pooler and NSP head, which ModernBERT has not, left out) with
+the vocab's special-token ids; ModernBERT's own BPE ``tokenizer.json`` is not read yet.
+
 Reading accepts ``BertModel`` or composite key names, with or without the ``bert.`` prefix, old
 ``gamma``/``beta`` LayerNorm names too; tolerated and dropped: the ``position_ids`` buffer, and
 the MLM decoder weight/bias when they equal the tied embedding / output bias.
@@ -43,7 +49,7 @@ from etils import epath
 from safetensors import SafetensorError
 
 from bertjax import atomic
-from bertjax.interop import mapping
+from bertjax.interop import mapping, modernbert
 from bertjax.interop.converted import (
     Converted,
     ConvertError,
@@ -197,6 +203,8 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
     else ``do_lower_case``, else with ``casing_from_vocab`` what the vocab implies)."""
     config_path = os.path.join(src, "config.json")
     values = read_json(config_path)
+    if modernbert.is_modernbert(values):
+        return _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab)
     cfg = mapping.config_from_json(values, config_path, mapping.HF_ACT)
     task, classes = _task(values, config_path)
     files = _weight_files(src)
@@ -220,6 +228,35 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
         do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
     casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
     return Converted(params, cfg, vocab_file, casing, task)
+
+
+def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab) -> Converted:
+    """A ModernBERT directory (``model_type: modernbert``): ``ModernBertModel`` or
+    ``…ForMaskedLM`` weights with a WordPiece ``vocab.txt`` (what :func:`write` exports);
+    ModernBERT's own byte-level BPE ``tokenizer.json`` is not read yet: one line."""
+    cfg = modernbert.config_from_hf(values, config_path)
+    vocab_file = os.path.join(src, "vocab.txt")
+    if not epath.Path(vocab_file).exists():
+        raise ConvertError(
+            f"{src}: a ModernBERT directory without vocab.txt; bertjax reads WordPiece vocabs, "
+            "not ModernBERT's own tokenizer.json yet"
+        )
+    files = _weight_files(src)
+    tensors = {}
+    for path in files:
+        tensors.update(_read_tensors(path))
+    source = files[0] if len(files) == 1 else src
+    decoder = tensors.pop("decoder.weight", None)
+    embedding = tensors.get("model.embeddings.tok_embeddings.weight")
+    if decoder is not None and (embedding is None or not np.array_equal(decoder, embedding)):
+        raise ConvertError(f"{source}: 'decoder.weight' is not tied to the token embeddings")
+    params = modernbert.to_params(tensors, cfg, source)
+    check_vocab(vocab_file, cfg, source, "embeddings.tok_embeddings.weight")
+    tok_config = os.path.join(src, "tokenizer_config.json")
+    if epath.Path(tok_config).exists() and "do_lower_case" in read_json(tok_config):
+        do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
+    casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
+    return Converted(params, cfg, vocab_file, casing, None)
 
 
 # ---------------------------------------------------------------- writing
@@ -268,26 +305,55 @@ def architecture(conv: Converted) -> tuple[str, dict]:
     return arch, fields
 
 
+def _modernbert_export(conv: Converted) -> tuple[dict, dict]:
+    """(tensors, config.json) of a 'modernbert' checkpoint: ``ModernBertForMaskedLM`` with its
+    MLM head, else ``ModernBertModel``; a pretraining checkpoint's pooler and NSP head (which
+    ModernBERT has not) are left out. Special-token ids are the vocab's."""
+    if conv.task is not None or "bilstm" in conv.params:
+        raise ConvertError(
+            "a fine-tuned 'modernbert' checkpoint: only pretrained ones export to HF so far"
+        )
+    params = {k: v for k, v in conv.params.items() if k in ("encoder", "mlm")}
+    tensors = modernbert.from_params(params, conv.config)
+    arch = "ModernBertForMaskedLM"
+    if "mlm" not in params:  # ModernBertModel's own names
+        arch, tensors = "ModernBertModel", {k[len("model.") :]: v for k, v in tensors.items()}
+    with epath.Path(conv.vocab_file).open() as f:
+        ids = {line.strip(): i for i, line in enumerate(f)}
+    specials = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
+                "bos_token_id": "[CLS]", "eos_token_id": "[SEP]"}  # fmt: skip
+    hf_config = {
+        **modernbert.config_to_hf(conv.config),
+        "architectures": [arch],
+        **{key: ids.get(token, 0) for key, token in specials.items()},
+        "torch_dtype": "float32",
+    }
+    return tensors, hf_config
+
+
 def write(dst: str, conv: Converted, *, overwrite: bool = False) -> str:
     """Writes a HF directory that ``transformers`` loads with no missing/unexpected keys."""
     from safetensors.numpy import save_file  # noqa: PLC0415
 
-    arch, task_fields = architecture(conv)
-    prefix = "" if arch == "BertModel" else "bert."
     cfg = conv.config
     check_vocab(conv.vocab_file, cfg, "params", "encoder/embeddings/word_embeddings")
-    tensors = {
-        (n if n.startswith(mapping.HF_HEAD_PREFIXES) else prefix + n): v
-        for n, v in mapping.from_params(conv.params, cfg, "hf").items()
-    }
-    hf_config = {
-        "architectures": [arch],
-        "model_type": "bert",
-        **mapping.config_to_hf_json(cfg),
-        **task_fields,
-        "pad_token_id": 0,
-        "torch_dtype": "float32",
-    }
+    if cfg.is_modern:
+        tensors, hf_config = _modernbert_export(conv)
+    else:
+        arch, task_fields = architecture(conv)
+        prefix = "" if arch == "BertModel" else "bert."
+        tensors = {
+            (n if n.startswith(mapping.HF_HEAD_PREFIXES) else prefix + n): v
+            for n, v in mapping.from_params(conv.params, cfg, "hf").items()
+        }
+        hf_config = {
+            "architectures": [arch],
+            "model_type": "bert",
+            **mapping.config_to_hf_json(cfg),
+            **task_fields,
+            "pad_token_id": 0,
+            "torch_dtype": "float32",
+        }
     tok_config = {
         "do_lower_case": conv.do_lower_case,
         "tokenizer_class": "BertTokenizer",

@@ -214,7 +214,7 @@ def to_params(tensors: dict[str, np.ndarray], cfg: BertConfig, source: str) -> d
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = value
+        node[path[-1]] = np.ascontiguousarray(value)
     return params
 
 
@@ -228,7 +228,8 @@ def from_params(params: dict, cfg: BertConfig) -> dict[str, np.ndarray]:
         value = params
         for key in path:
             value = value[key]
-        value = to_hf(np.asarray(value, dtype=np.float32))
+        # C order: safetensors writes an array's buffer as it lies (a transposed view's too).
+        value = np.ascontiguousarray(to_hf(np.asarray(value, dtype=np.float32)))
         if ".Wqkv." in hf_name:
             pending.setdefault(hf_name, []).append(value)
             if len(pending[hf_name]) == 3:

@@ -7,7 +7,9 @@ before anything is built, and :func:`resolve` makes the run config from it:
 
 * **Architecture**: the checkpoint's :data:`ARCHITECTURE` fields replace ``config.model``'s. A
   field the command line set (``command_line``: the dotted keys the command's flags set, with
-  their values) that disagrees with the checkpoint is an error naming both values. Dropout rates,
+  their values) that disagrees with the checkpoint is an error naming both values. A
+  'modernbert' checkpoint's RoPE bases (:data:`PHASE_DEFAULTS`) are taken too, unless the
+  command line sets them (a context extension raises them). Dropout rates,
   the attention mask (``model.attention``: the left-to-right ablation is a way to train) and the
   runtime fields (dtypes, layout, remat, kernel) stay the config's.
 * **Vocab and casing**: the checkpoint's, unless the command line sets ``data.vocab_file``: that
@@ -62,6 +64,9 @@ from bertjax.training import workdir as workdir_lib
 ARCHITECTURE = (*SHAPE_FIELDS, "hidden_act", "layer_norm_eps", "initializer_range",
                 "architecture", "global_attn_every_n_layers", "local_attention", "attention_bias",
                 "mlp_bias", "norm_bias", "head_bias", "decoder_bias", "head_act")  # fmt: skip
+# Taken from the checkpoint too, unless the command line sets them: a 'modernbert' model's RoPE
+# bases, which a context extension raises (configs/modernbert_base.py, phase 2).
+PHASE_DEFAULTS = ("global_rope_theta", "local_rope_theta")
 # BertForPreTraining's top-level subtrees (bertjax.model.heads), in the order they are named.
 SUBTREES = ("encoder", "pooler", "mlm", "nsp")
 
@@ -216,6 +221,11 @@ def _take_architecture(run, found: BertConfig, origin: str, why: str, command_li
                 f"{value} ({why}; drop the flag)"
             )
         if run.model[field] != value:
+            changes.append(f"{field} {run.model[field]} -> {value}")
+            run.model[field] = value
+    for field in PHASE_DEFAULTS if found.is_modern else ():
+        value = getattr(found, field)
+        if f"model.{field}" not in command_line and run.model[field] != value:
             changes.append(f"{field} {run.model[field]} -> {value}")
             run.model[field] = value
     return changes

@@ -24,8 +24,9 @@ def _hf_config(**changes):
         vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=5,
         num_attention_heads=4, max_position_embeddings=64, local_attention=16,
         global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
-        pad_token_id=0, attn_implementation="eager", **changes,
+        pad_token_id=0, attn_implementation="eager",
     )  # fmt: skip
+    values.update(changes)
     return transformers.ModernBertConfig(**values)
 
 
