@@ -223,11 +223,17 @@ def read(src: str, do_lower_case: bool | None = None, casing_from_vocab: bool = 
             )
     vocab_file = os.path.join(src, "vocab.txt")
     check_vocab(vocab_file, cfg, source, "embeddings.word_embeddings.weight")
+    casing = _casing(src, vocab_file, do_lower_case, casing_from_vocab)
+    return Converted(params, cfg, vocab_file, casing, task)
+
+
+def _casing(src: str, vocab_file: str, do_lower_case, casing_from_vocab: bool) -> bool:
+    """The directory's casing: ``tokenizer_config.json``'s ``do_lower_case``, else the caller's,
+    else (``casing_from_vocab``) what the vocab implies; an error when none says."""
     tok_config = os.path.join(src, "tokenizer_config.json")
     if epath.Path(tok_config).exists() and "do_lower_case" in read_json(tok_config):
         do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
-    casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
-    return Converted(params, cfg, vocab_file, casing, task)
+    return require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
 
 
 def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab) -> Converted:
@@ -252,10 +258,7 @@ def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab)
         raise ConvertError(f"{source}: 'decoder.weight' is not tied to the token embeddings")
     params = modernbert.to_params(tensors, cfg, source)
     check_vocab(vocab_file, cfg, source, "embeddings.tok_embeddings.weight")
-    tok_config = os.path.join(src, "tokenizer_config.json")
-    if epath.Path(tok_config).exists() and "do_lower_case" in read_json(tok_config):
-        do_lower_case = json_bool(read_json(tok_config), "do_lower_case", False, tok_config)
-    casing = require_casing(do_lower_case, src, vocab_file if casing_from_vocab else None)
+    casing = _casing(src, vocab_file, do_lower_case, casing_from_vocab)
     return Converted(params, cfg, vocab_file, casing, None)
 
 
