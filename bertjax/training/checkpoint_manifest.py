@@ -411,11 +411,17 @@ class ManifestSealer:
 
     def _seal(self, step: int) -> None:
         step_dir = self._root / str(step)
-        while not ocp.step.is_checkpoint_finalized(step_dir):
-            if self._closing.is_set():  # orbax is done: this save never finalized
+        while True:
+            # Read before looking: only a look that began after close() was called (so after
+            # orbax finished) may give up. One that began earlier can answer "not yet" for a
+            # step orbax finalized meanwhile (a slow listing), and is followed by another.
+            closing = self._closing.is_set()
+            if ocp.step.is_checkpoint_finalized(step_dir):
+                break
+            if closing:  # orbax is done: this save never finalized
                 self._log(f"checkpoint step {step}: not finalized by orbax; left unsealed")
                 return
-            self._closing.wait(self._poll_s)  # close() wakes it: one last look
+            self._closing.wait(self._poll_s)  # close() wakes it
         try:
             write_manifest(step_dir)
         except FileNotFoundError:  # removed by something else while being read

@@ -259,6 +259,38 @@ def test_the_sealer_leaves_a_step_that_orbax_never_finalized(tmp_path):
     assert not (tmp_path / "5.orbax-checkpoint-tmp" / cm.MANIFEST_FILE).exists()
 
 
+def test_a_look_that_began_before_the_commit_is_not_the_last_one(tmp_path, monkeypatch):
+    """The run's last step: the sealer's look at the step started before orbax finalized it and
+    answered "not yet" only after ``close()`` had begun (a slow GCS listing under load). That
+    answer predates the commit, so the sealer looks again and seals; the step is not left
+    unsealed for the next run to pass over."""
+    import threading
+
+    step = tmp_path / "8"
+    _make_step(step, {"a": b"1"})
+    looking, closing = threading.Event(), threading.Event()
+    looks = []
+
+    def finalized(path):
+        looks.append(path)
+        if len(looks) == 1:  # began before the commit; answers after close() began
+            looking.set()
+            closing.wait(10)
+            return False
+        return True
+
+    monkeypatch.setattr(cm.ocp.step, "is_checkpoint_finalized", finalized)
+    lines = []
+    sealer = cm.ManifestSealer(tmp_path, log=lines.append, poll_s=60)
+    sealer.submit(8)
+    assert looking.wait(10)
+    sealer._closing.set()  # what close() does first, while the look is in flight
+    closing.set()
+    sealer.close()
+    assert lines == [] and len(looks) == 2
+    assert cm.verify(step) is None
+
+
 def test_the_sealer_surfaces_a_failed_seal(tmp_path):
     step = _sealed(tmp_path, "6")  # already has a manifest: sealing it again must fail loudly
     sealer = cm.ManifestSealer(tmp_path, log=pytest.fail)
