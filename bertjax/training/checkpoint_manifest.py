@@ -357,16 +357,26 @@ class ManifestSealer:
     Step directories are named ``str(step)`` (orbax's default, as ``bertjax.checkpoint.
     create_manager`` makes them). ``close`` waits for the submitted steps; one that orbax has not
     finalized by then (its save failed) is left without a manifest, with a notice to ``log``.
-    Waiting polls ``is_checkpoint_finalized`` every ``poll_s`` seconds (one or two GCS requests).
+    Waiting polls ``is_checkpoint_finalized`` (a stat locally; one or two GCS requests), first
+    after ``first_poll_s`` seconds, then at twice the interval each time up to ``poll_s``: a small
+    save is sealed within tens of milliseconds, a large one costs a request a second.
     ``on_sealed(step)`` runs in the sealer's thread right after a step's manifest is written:
     the one place a step may be deleted (``bertjax.training.retention``; orbax's ``max_to_keep``
     must be off, or it deletes older steps before the newer one is sealed).
     """
 
-    def __init__(self, checkpoints_dir, *, log: Callable[[str], None] = print, poll_s=1.0,
-                 on_sealed: Callable[[int], object] = lambda step: None):  # fmt: skip
+    def __init__(
+        self,
+        checkpoints_dir,
+        *,
+        log: Callable[[str], None] = print,
+        poll_s=1.0,
+        first_poll_s=0.05,
+        on_sealed: Callable[[int], object] = lambda step: None,
+    ):
         self._root = epath.Path(checkpoints_dir)
-        self._log, self._poll_s, self._on_sealed = log, poll_s, on_sealed
+        self._log, self._on_sealed = log, on_sealed
+        self._poll_s, self._first_poll_s = poll_s, min(first_poll_s, poll_s)
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._closing = threading.Event()
         self._error: BaseException | None = None
@@ -411,6 +421,7 @@ class ManifestSealer:
 
     def _seal(self, step: int) -> None:
         step_dir = self._root / str(step)
+        wait = self._first_poll_s
         while True:
             # Read before looking: only a look that began after close() was called (so after
             # orbax finished) may give up. One that began earlier can answer "not yet" for a
@@ -421,7 +432,8 @@ class ManifestSealer:
             if closing:  # orbax is done: this save never finalized
                 self._log(f"checkpoint step {step}: not finalized by orbax; left unsealed")
                 return
-            self._closing.wait(self._poll_s)  # close() wakes it
+            self._closing.wait(wait)  # close() wakes it
+            wait = min(2 * wait, self._poll_s)
         try:
             write_manifest(step_dir)
         except FileNotFoundError:  # removed by something else while being read

@@ -160,7 +160,9 @@ def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch
     monkeypatch.setattr(
         checkpoint_manifest,
         "ManifestSealer",
-        lambda directory, **kwargs: sealer_class(directory, **kwargs, poll_s=60.0),
+        lambda directory, **kwargs: sealer_class(
+            directory, **kwargs, poll_s=60.0, first_poll_s=60.0
+        ),
     )
     checkpoints = workdir.Checkpoints(tmp_path, keep=5, async_save=True, log=lambda _: None)
     checkpoints.open_for_writing()
