@@ -8,9 +8,9 @@ writes or prints with local paths (run here, in-process).
 
 The gs:// runs share one process in the namespace (:data:`PROBE`, the ``runs`` fixture): each is
 its command module run as ``__main__``, as ``python -m`` runs it, with absl's flags reset between
-runs and its own stdout and stderr (file descriptors 1 and 2), as tests/commands/cli_test.py runs
-the commands; the objects are listed at the end, in the same process. A start-up each (~7 s of
-imports) saved on seven runs.
+runs and its own stdout and stderr (file descriptors 1 and 2; :data:`RUN_MODULE`), as
+tests/commands/cli_test.py runs the commands; the objects are listed at the end, in the same
+process. A start-up each (~7 s of imports) saved on seven runs.
 """
 
 import contextlib
@@ -60,17 +60,51 @@ def local_records(gcs_data, tmp_path_factory):
     return directory
 
 
-PROBE = """  # the runs' JSON file, the results' JSON file
-import hashlib, json, os, runpy, sys, tempfile, traceback
-import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
+RUN_MODULE = """
+import os, runpy, sys, tempfile, traceback
 from absl import app, flags
+
+app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+baseline = set(flags.FLAGS)
+
+
+def run_module(module, argv):
+    \"\"\"``python -m bertjax.<module> argv``, here -> {code, stdout, stderr}.\"\"\"
+    for name in set(flags.FLAGS) - baseline:  # the last run's flags
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    sys.argv = [module, *argv]
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+    try:
+        runpy.run_module(f"bertjax.{module}", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # what the interpreter does with an exception that escapes
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        os.close(saved[0]), os.close(saved[1])
+    out.seek(0), err.seek(0)
+    return {"code": code, "stdout": out.read().decode(), "stderr": err.read().decode()}
+"""
+PROBE = (
+    """  # the runs' JSON file, the results' JSON file
+import hashlib, json, sys
+import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
 from bertjax import startup
 from bertjax.data import shard_pieces
 from google.cloud import storage
 
 tf = startup.import_tensorflow()  # without its start-up lines, as the commands import it
-app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-baseline = set(flags.FLAGS)
+"""
+    + RUN_MODULE
+    + """
 spec, results_path = json.load(open(sys.argv[1])), sys.argv[2]
 client = storage.Client()
 for source, target in spec["uploads"]:
@@ -95,30 +129,9 @@ def damaging(pieces):  # between the unit stage and the concatenation (tests/dat
 
 results = []
 for run in spec["runs"]:
-    for name in set(flags.FLAGS) - baseline:  # the last run's flags
-        delattr(flags.FLAGS, name)
-    flags.FLAGS.unparse_flags()
     how = run["damage"]
     shard_pieces.check = damaging if how else check
-    sys.argv = [run["module"], *run["argv"]]
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    sys.stdout.flush(), sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
-    try:
-        runpy.run_module(f"bertjax.{run['module']}", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # what the interpreter does with an exception that escapes
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-        os.close(saved[0]), os.close(saved[1])
-    out.seek(0), err.seek(0)
-    results.append({"code": code, "stdout": out.read().decode(), "stderr": err.read().decode()})
+    results.append(run_module(run["module"], run["argv"]))
 objects = {}
 for prefix in spec["listings"]:  # name (after the prefix) -> sha256, of every object under it
     bucket, name = prefix[5:].split("/", 1)
@@ -126,6 +139,7 @@ for prefix in spec["listings"]:  # name (after the prefix) -> sha256, of every o
                        for b in client.list_blobs(bucket, prefix=name)}
 json.dump({"runs": results, "objects": objects}, open(results_path, "w"))
 """
+)
 BEAM = f"gs://{DATA_BUCKET}/beam"
 SMALL = f"gs://{DATA_BUCKET}/small"
 VOCAB_FLAGS = ["--vocab_size=200", "--num_unused=2"]
