@@ -1,11 +1,19 @@
 """``python -m bertjax.compile`` against the real TPU compiler (libtpu, from the test extra):
-the tiny config on a small v5e slice for data-, fsdp- and tensor-parallel meshes, the Pallas
+the tiny config on a small v5e slice for data-, fsdp- and tensor-parallel meshes (the data mesh
+through the command itself, its ``--json`` report holding the documented keys), the Pallas
 flash kernel present in the TPU program (and absent with attention_impl='xla'), and one-line
-errors for a config that cannot fit, an unknown topology and an indivisible parameter."""
+errors for a config that cannot fit (a fresh ``python -m`` process: nothing else on its stderr,
+libtpu's start-up lines included), an unknown topology and an indivisible parameter.
+
+The command runs in this process where it can (:func:`_command`, as tests/commands/cli_test.py's
+probe runs the commands): libtpu is loaded here already, and each process start cost a
+start-up and a compile of its own."""
 
 import functools
 import json
 import pathlib
+import runpy
+import signal
 import subprocess
 import sys
 
@@ -28,18 +36,56 @@ def _config(**model):
     return config.lock()
 
 
+def _command(monkeypatch, capfd, *args) -> tuple[int, str, str]:
+    """``python -m bertjax.compile --config=configs/tiny.py ARGS`` in this process -> (exit
+    status, stdout, stderr): the module run as ``__main__``, absl's flags reset after it, as
+    tests/commands/cli_test.py's probe runs the commands. absl's once-a-process set-up (the
+    process name, its log handler, faulthandler) is not redone in the test process; stdout and
+    stderr are captured at the file descriptors, so libtpu's own lines would show."""
+    from absl import app, flags
+
+    app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+    baseline = set(flags.FLAGS)
+    monkeypatch.setattr(app._run_init, "done", True)
+    monkeypatch.setattr(sys, "argv", ["bertjax.compile", f"--config={REPO}/configs/tiny.py", *args])
+    sigterm = signal.getsignal(signal.SIGTERM)  # cli.run installs its own
+    capfd.readouterr()
+    try:
+        runpy.run_module("bertjax.compile", run_name="__main__", alter_sys=True)
+        raise AssertionError("bertjax.compile returned without sys.exit")
+    except SystemExit as e:
+        code = e.code
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        for name in set(flags.FLAGS) - baseline:
+            delattr(flags.FLAGS, name)
+        flags.FLAGS.unparse_flags()
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
 @pytest.mark.parametrize(
     "mesh_shape,model",
     [
-        ((4, 1, 1), {}),
+        ((4, 1, 1), {}),  # through the command, with --json
         ((1, 4, 1), {"dtype": "bfloat16", "remat_policy": "dots"}),
         ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),  # vocab split over tensor
     ],
 )
-def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
-    config = _config(**model).unlock()
-    config.mesh.shape = mesh_shape
-    report = compile_for_slice.compile_for(config.lock(), "v5litepod-4")
+def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model, monkeypatch, capfd):
+    if not model:  # the command's --json: the documented keys, and the report as compile_for's
+        shape = ",".join(map(str, mesh_shape))
+        flags = [f"--config.mesh.shape={shape}", "--config.train.eval_every=0"]
+        code, out, err = _command(monkeypatch, capfd, "--topology=v5e:2x2", "--json", *flags)
+        assert code == 0, err[-2000:]
+        (line,) = out.splitlines()
+        report = json.loads(line)
+        assert set(compile_report.JSON_KEYS) <= set(report)
+        assert report["topology"] == "v5litepod-4" and report["fits"] is True
+    else:
+        config = _config(**model).unlock()
+        config.mesh.shape = mesh_shape
+        report = compile_for_slice.compile_for(config.lock(), "v5litepod-4")
     assert report["fits"] and report["chips"] == 4 and report["chip"] == "v5e"
     assert tuple(report["mesh"].values()) == mesh_shape
     assert 0 < report["needed_bytes"] < report["hbm_bytes_per_chip"]
@@ -142,21 +188,15 @@ def test_config_that_cannot_fit_is_one_line_with_advice():
     assert "a v5e chip has 15.75 GiB" in line and "--config.mesh.shape=1,4,1 (FSDP" in line
 
 
-def test_unknown_topology_and_indivisible_vocab_are_one_line_errors():
-    result = _cli("--topology=v5litepod-6")
-    assert result.returncode == 1 and result.stderr.count("\n") == 1
-    assert "unknown TPU topology 'v5litepod-6'; known: v4-8," in result.stderr
-    result = _cli("--topology=v5e:2x2", "--config.mesh.shape=2,1,2")  # vocab 7633 over tensor=2
-    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert "not divisible by the 2 shards of mesh axes ('tensor',)" in result.stderr
-
-
-def test_json_has_the_documented_keys():
-    result = _cli("--topology=v5e:2x2", "--json", "--config.train.eval_every=0")
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
-    assert set(compile_report.JSON_KEYS) <= set(report)
-    assert report["topology"] == "v5litepod-4" and report["fits"] is True
+def test_unknown_topology_and_indivisible_vocab_are_one_line_errors(monkeypatch, capfd):
+    code, out, err = _command(monkeypatch, capfd, "--topology=v5litepod-6")
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert "unknown TPU topology 'v5litepod-6'; known: v4-8," in err
+    # vocab 7633 over tensor=2
+    code, out, err = _command(monkeypatch, capfd, "--topology=v5e:2x2", "--config.mesh.shape=2,1,2")
+    assert code == 1 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("compile: error: ")
+    assert "not divisible by the 2 shards of mesh axes ('tensor',)" in err
 
 
 def test_oom_messages_give_the_needed_bytes():

@@ -2,6 +2,9 @@
 verified from the listing's crc32c and sizes (what the request log shows was read, against
 google-crc32c over the objects' bytes), each kind of damage named, and a params-only checkpoint
 written in place and read back.
+
+Both are done by one process in the namespace (the ``done`` fixture: :data:`STEP`, then
+:data:`PARAMS`), each test reading its part, and the requests of its part's time window.
 """
 
 import json
@@ -14,7 +17,7 @@ from tests.gcs.conftest import REPO
 pytestmark = pytest.mark.xdist_group("gcs")
 BUCKET = "bertjax-ckpt"
 
-STEP = """
+STEP = """  # the bucket; then PARAMS's arguments
 import json, sys, time
 import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
 import jax, numpy as np, orbax.checkpoint as ocp
@@ -59,8 +62,8 @@ reasons["missing"] = reason()
 bucket.blob(prefix + largest).upload_from_string(contents[largest])
 bucket.blob(prefix + "state/stray").upload_from_string(b"x")
 reasons["extra"] = reason()
-print(json.dumps({"phases": phases, "largest": largest, "reasons": reasons,
-                  "contents": {n: c.hex() for n, c in contents.items()}}))
+step = {"phases": phases, "largest": largest, "reasons": reasons,
+        "contents": {n: c.hex() for n, c in contents.items()}}
 """
 
 
@@ -79,9 +82,8 @@ def bucket(gcs):
     return BUCKET
 
 
-def test_a_gcs_step_is_sealed_and_verified_from_the_listing(gcs, bucket):
-    mark = gcs.mark()
-    out = json.loads(gcs.python(STEP, bucket, cwd=REPO))
+def test_a_gcs_step_is_sealed_and_verified_from_the_listing(done):
+    out, requests = done[0]["step"], done[1]
     contents = {name: bytes.fromhex(data) for name, data in out["contents"].items()}
     manifest_bytes = contents.pop("bertjax_manifest.json")
     manifest = json.loads(manifest_bytes)
@@ -95,7 +97,7 @@ def test_a_gcs_step_is_sealed_and_verified_from_the_listing(gcs, bucket):
     assert sum(f["size"] for f in manifest["files"]) > 1_000_000  # 1.2 MB of float32, zstd-ed
     # Nothing of the step was read to seal or verify it: a listing, and the manifest itself.
     phases = out["phases"]
-    served = [r for r in gcs.requests(mark) if phases["seal"] <= r["t"] < phases["damage"]]
+    served = [r for r in requests if phases["seal"] <= r["t"] < phases["damage"]]
     reads = [r for r in served if _is_object_read(r, "run/checkpoints/1/")]
     assert [r["path"].rsplit("%2F", 1)[-1].rsplit("/", 1)[-1] for r in reads] == [
         "bertjax_manifest.json"
@@ -115,31 +117,39 @@ def test_a_gcs_step_is_sealed_and_verified_from_the_listing(gcs, bucket):
     }
 
 
-PARAMS = """
-import json, sys
-import bertjax
-import numpy as np
+PARAMS = """  # the gs:// destination, a vocab; after STEP, in its process
+import time
 from bertjax.model.config import BertConfig
 from bertjax.training import checkpoint
 params = {"encoder": {"layers": {"layer_0": {"w": np.arange(6, dtype=np.float32)}}},
           "pooler": {"b": np.ones(3, np.float32)}}
 config = BertConfig(vocab_size=20, hidden_size=4, num_layers=1, num_heads=1, intermediate_size=8,
                     max_position_embeddings=8)
-dst = sys.argv[1]
-checkpoint.save_params(dst, params, config, sys.argv[2], True)
+dst, vocab, begun = sys.argv[2], sys.argv[3], time.time()
+checkpoint.save_params(dst, params, config, vocab, True)
 params["pooler"]["b"] = params["pooler"]["b"] * 2
-checkpoint.save_params(dst, params, config, sys.argv[2], True, overwrite=True)
+checkpoint.save_params(dst, params, config, vocab, True, overwrite=True)
 loaded, loaded_config, meta = checkpoint.load_params(dst)
-print(json.dumps({"b": loaded["pooler"]["b"].tolist(),
-                  "w": loaded["encoder"]["layers"]["layer_0"]["w"].tolist(),
-                  "vocab": meta["vocab"]["entries"], "layers": loaded_config.num_layers}))
+print(json.dumps({"step": step, "params": {
+    "begun": begun, "b": loaded["pooler"]["b"].tolist(),
+    "w": loaded["encoder"]["layers"]["layer_0"]["w"].tolist(),
+    "vocab": meta["vocab"]["entries"], "layers": loaded_config.num_layers}}))
 """
 
 
-def test_a_params_checkpoint_is_written_in_place_and_read_back(gcs, bucket, gcs_data):
+@pytest.fixture(scope="module")
+def done(gcs, bucket, gcs_data):
+    """STEP then PARAMS, in one process: their outputs, and the requests served meanwhile."""
     mark = gcs.mark()
-    out = json.loads(gcs.python(PARAMS, f"gs://{BUCKET}/params", gcs_data.vocab, cwd=REPO))
+    out = json.loads(gcs.python(STEP + PARAMS, bucket, f"gs://{BUCKET}/params", gcs_data.vocab,
+                                cwd=REPO))  # fmt: skip
+    return out, gcs.requests(mark)
+
+
+def test_a_params_checkpoint_is_written_in_place_and_read_back(done):
+    out, requests = dict(done[0]["params"]), done[1]
+    begun = out.pop("begun")
     assert out == {"b": [2.0, 2.0, 2.0], "w": [0, 1, 2, 3, 4, 5], "vocab": 7633, "layers": 1}
     # Never renamed: no object was copied (rewriteTo) and nothing written under another name.
-    served = gcs.requests(mark)
+    served = [r for r in requests if r["t"] >= begun]
     assert not [r for r in served if "rewriteTo" in r["path"] or ".tmp-" in r["query"]]

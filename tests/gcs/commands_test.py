@@ -5,6 +5,12 @@
 those TFRecords and on the online pipeline over the gs:// corpus, and ``vocab`` (corpus ->
 vocab.txt on gs://, locally and on Beam): each output must equal, byte for byte, what the command
 writes or prints with local paths (run here, in-process).
+
+The gs:// runs share one process in the namespace (:data:`PROBE`, the ``runs`` fixture): each is
+its command module run as ``__main__``, as ``python -m`` runs it, with absl's flags reset between
+runs and its own stdout and stderr (file descriptors 1 and 2; :data:`RUN_MODULE`), as
+tests/commands/cli_test.py runs the commands; the objects are listed at the end, in the same
+process. A start-up each (~7 s of imports) saved on seven runs.
 """
 
 import contextlib
@@ -13,7 +19,7 @@ import hashlib
 import importlib
 import io
 import json
-import sys
+import pathlib
 
 import pytest
 from absl import flags
@@ -21,17 +27,10 @@ from absl import flags
 from bertjax import cli
 from bertjax.data import bundled
 from tests.data.offline_beam_test import NO_PRISM
-from tests.gcs.conftest import DATA_BUCKET, MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO, upload
+from tests.gcs.conftest import DATA_BUCKET, MAX_PREDICTIONS, MAX_SEQ_LENGTH, REPO
 
 pytestmark = pytest.mark.xdist_group("gcs")
 SHAPE = [f"--max_seq_length={MAX_SEQ_LENGTH}", f"--max_predictions_per_seq={MAX_PREDICTIONS}"]
-
-
-def _on_gcs(gcs, module: str, *argv) -> str:
-    """``python -m bertjax.<module> argv`` inside the namespace -> its stdout."""
-    result = gcs.run([sys.executable, "-m", f"bertjax.{module}", *argv], cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
 
 
 def _here(module: str, *argv) -> str:
@@ -44,17 +43,6 @@ def _here(module: str, *argv) -> str:
     with contextlib.redirect_stdout(out):
         assert cli.call(command.run, values, prog=module) == 0
     return out.getvalue()
-
-
-def _objects(gcs, prefix: str) -> dict[str, str]:
-    """name (after ``prefix``) -> sha256 of every object under gs:// ``prefix``."""
-    code = (
-        "import hashlib, json, sys\nfrom google.cloud import storage\n"
-        "bucket, prefix = sys.argv[1][5:].split('/', 1)\n"
-        "print(json.dumps({b.name[len(prefix):]: hashlib.sha256(b.download_as_bytes()).hexdigest()"
-        " for b in storage.Client().list_blobs(bucket, prefix=prefix)}))\n"
-    )
-    return json.loads(gcs.python(code, prefix))
 
 
 def _files(directory) -> dict[str, str]:
@@ -72,82 +60,57 @@ def local_records(gcs_data, tmp_path_factory):
     return directory
 
 
-def test_create_pretraining_data_reads_and_writes_gs(gcs, gcs_data, local_records):
-    on_gcs = _objects(gcs, gcs_data.tfrecords.rsplit("/", 1)[0] + "/")
-    assert on_gcs == _files(local_records)  # the same shards, and no temporary object left
-    assert sorted(on_gcs) == [f"train.tfrecord-0000{i}-of-00002" for i in range(2)]
-    assert f"wrote 2 file(s): {gcs_data.tfrecords[:-1]}00000-of-00002, " in gcs_data.created
-    assert not (REPO / "gs:").exists()  # no local directory named after the bucket
+RUN_MODULE = """
+import os, runpy, sys, tempfile, traceback
+from absl import app, flags
+
+app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+baseline = set(flags.FLAGS)
 
 
-def test_create_pretraining_data_on_beam_reads_and_writes_gs(
-    gcs, gcs_data, local_records, tmp_path
-):
-    """--runner=DirectRunner from a gzip'd gs:// corpus (split into plain pieces in a gs://
-    scratch) to gs:// shards: the local builder's bytes (the corpus is smaller than a span at the
-    default --work_unit_bytes, so the plain and gzip'd files make the same units), and no scratch
-    object left behind."""
-    assert gcs_data.local_corpus.stat().st_size < 1 << 20  # one span at the default 1 MiB units
-    gzipped = tmp_path / "corpus.txt.gz"
-    gzipped.write_bytes(gzip.compress(gcs_data.local_corpus.read_bytes()))
-    base = f"gs://{DATA_BUCKET}/beam"
-    upload(gcs, {gzipped: f"{base}/in/corpus.txt.gz"})
-    out = _on_gcs(gcs, "create_pretraining_data", f"--input_file={base}/in/*.gz",
-                  f"--output_file={base}/out/train.tfrecord", "--num_output_shards=2",
-                  f"--vocab_file={gcs_data.vocab}", *SHAPE, "--dupe_factor=2",
-                  "--runner=DirectRunner", "--", NO_PRISM)  # fmt: skip
-    assert out.startswith(f"Beam: --runner=DirectRunner {NO_PRISM}\n")
-    assert _objects(gcs, f"{base}/out/") == _files(local_records)
-
-
-def test_data_stats_on_gs_tfrecords_and_on_the_gs_corpus(gcs, gcs_data, local_records, tmp_path):
-    remote = _on_gcs(gcs, "data_stats", f"--input_file={gcs_data.tfrecords}",
-                     f"--vocab_file={gcs_data.vocab}", *SHAPE)  # fmt: skip
-    local = _here("data_stats", f"--input_file={local_records}/*", f"--vocab_file={bundled.VOCAB}",
-                  *SHAPE)  # fmt: skip
-    assert remote == local and remote.startswith("examples ")
-    configs = {}
-    for where, corpus, vocab in (("gs", gcs_data.corpus, gcs_data.vocab),
-                                 ("local", gcs_data.local_corpus, bundled.VOCAB)):  # fmt: skip
-        configs[where] = tmp_path / f"{where}_config.py"
-        configs[where].write_text(
-            f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
-            "def get_config():\n    config = tiny.get_config()\n"
-            f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
-            f"    config.data.vocab_file = {str(vocab)!r}\n"
-            f"    config.data.cache_dir = {str(tmp_path / where)!r}\n"
-            "    return config\n"
-        )
-    remote = _on_gcs(gcs, "data_stats", f"--config={configs['gs']}", "--num_batches=3")
-    local = _here("data_stats", f"--config={configs['local']}", "--num_batches=3")
-    assert remote == local and remote.startswith("examples ")
-
-
-def test_vocab_from_a_gs_corpus_to_gs(gcs, gcs_data, tmp_path):
-    corpus = tmp_path / "corpus.txt"  # a few chapters: learning a vocab costs seconds per 100 kB
-    corpus.write_text("\n\n".join(gcs_data.local_corpus.read_text().split("\n\n")[:6]))
-    upload(gcs, {corpus: f"gs://{DATA_BUCKET}/small/corpus.txt"})
-    flags_ = ["--vocab_size=200", "--num_unused=2"]
-    _on_gcs(gcs, "vocab", f"--input_file=gs://{DATA_BUCKET}/small/*.txt",
-            f"--output_file=gs://{DATA_BUCKET}/vocab/vocab.txt", *flags_)  # fmt: skip
-    (tmp_path / "out").mkdir()
-    _here("vocab", f"--input_file={corpus}", f"--output_file={tmp_path}/out/vocab.txt", *flags_)
-    assert _objects(gcs, f"gs://{DATA_BUCKET}/vocab/") == _files(tmp_path / "out")
-    # Counted by Beam's workers from gs://, the scratch beside the gs:// output: the same vocab.
-    _on_gcs(gcs, "vocab", f"--input_file=gs://{DATA_BUCKET}/small/*.txt",
-            f"--output_file=gs://{DATA_BUCKET}/vocab-beam/vocab.txt", *flags_,
-            "--runner=DirectRunner", f"--beam_pipeline_options={NO_PRISM}")  # fmt: skip
-    assert _objects(gcs, f"gs://{DATA_BUCKET}/vocab-beam/") == _files(tmp_path / "out")
-
-
-DAMAGED_RUN = """  # how ('delete' | 'truncate'), then the command's flags
-import sys
-from bertjax import create_pretraining_data, startup
+def run_module(module, argv):
+    \"\"\"``python -m bertjax.<module> argv``, here -> {code, stdout, stderr}.\"\"\"
+    for name in set(flags.FLAGS) - baseline:  # the last run's flags
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    sys.argv = [module, *argv]
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
+    try:
+        runpy.run_module(f"bertjax.{module}", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # what the interpreter does with an exception that escapes
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        os.close(saved[0]), os.close(saved[1])
+    out.seek(0), err.seek(0)
+    return {"code": code, "stdout": out.read().decode(), "stderr": err.read().decode()}
+"""
+PROBE = (
+    """  # the runs' JSON file, the results' JSON file
+import hashlib, json, sys
+import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
+from bertjax import startup
 from bertjax.data import shard_pieces
+from google.cloud import storage
 
-tf = startup.import_tensorflow()  # without its start-up lines, as the command does
-
-how, check = sys.argv[1], shard_pieces.check
+tf = startup.import_tensorflow()  # without its start-up lines, as the commands import it
+"""
+    + RUN_MODULE
+    + """
+spec, results_path = json.load(open(sys.argv[1])), sys.argv[2]
+client = storage.Client()
+for source, target in spec["uploads"]:
+    bucket, name = target[5:].split("/", 1)
+    client.bucket(bucket).blob(name).upload_from_filename(source)
+check, how = shard_pieces.check, None
 
 
 def damaging(pieces):  # between the unit stage and the concatenation (tests/data/offline_test)
@@ -164,34 +127,155 @@ def damaging(pieces):  # between the unit stage and the concatenation (tests/dat
     check(pieces)
 
 
-shard_pieces.check = damaging
-sys.argv = ["create_pretraining_data", *sys.argv[2:]]
-create_pretraining_data.main()
+results = []
+for run in spec["runs"]:
+    how = run["damage"]
+    shard_pieces.check = damaging if how else check
+    results.append(run_module(run["module"], run["argv"]))
+objects = {}
+for prefix in spec["listings"]:  # name (after the prefix) -> sha256, of every object under it
+    bucket, name = prefix[5:].split("/", 1)
+    objects[prefix] = {b.name[len(name):]: hashlib.sha256(b.download_as_bytes()).hexdigest()
+                       for b in client.list_blobs(bucket, prefix=name)}
+json.dump({"runs": results, "objects": objects}, open(results_path, "w"))
 """
+)
+BEAM = f"gs://{DATA_BUCKET}/beam"
+SMALL = f"gs://{DATA_BUCKET}/small"
+VOCAB_FLAGS = ["--vocab_size=200", "--num_unused=2"]
+DAMAGES = ("delete", "truncate")
 
 
-@pytest.mark.parametrize("how", ["delete", "truncate"])
-def test_a_lost_or_short_gs_piece_is_one_line_and_no_output(gcs, gcs_data, how):
+def _stats_config(path: pathlib.Path, corpus, vocab, cache: pathlib.Path) -> pathlib.Path:
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(REPO / 'configs')!r})\nimport tiny\n\n\n"
+        "def get_config():\n    config = tiny.get_config()\n"
+        f"    config.data.input_files = config.data.eval_input_files = [{str(corpus)!r}]\n"
+        f"    config.data.vocab_file = {str(vocab)!r}\n"
+        f"    config.data.cache_dir = {str(cache)!r}\n"
+        "    return config\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def inputs(gcs_data, tmp_path_factory):
+    """The local inputs of the runs: the corpus gzip'd, a few of its chapters (learning a vocab
+    costs seconds per 100 kB), and data_stats configs over the gs:// and the local corpus."""
+    root = tmp_path_factory.mktemp("inputs")
+    gzipped = root / "corpus.txt.gz"
+    gzipped.write_bytes(gzip.compress(gcs_data.local_corpus.read_bytes()))
+    small = root / "small.txt"
+    small.write_text("\n\n".join(gcs_data.local_corpus.read_text().split("\n\n")[:6]))
+    configs = {
+        where: _stats_config(root / f"{where}_config.py", corpus, vocab, root / where)
+        for where, corpus, vocab in (("gs", gcs_data.corpus, gcs_data.vocab),
+                                     ("local", gcs_data.local_corpus, bundled.VOCAB))
+    }  # fmt: skip
+    return {"gzipped": gzipped, "small": small, "configs": configs}
+
+
+@pytest.fixture(scope="module")
+def runs(gcs, gcs_data, inputs, tmp_path_factory):
+    """Every gs:// run of this module, in one process inside the namespace (:data:`PROBE`):
+    {name: {code, stdout, stderr}}, and {gs:// prefix: {name: sha256}} listed after them."""
+    records = [f"--vocab_file={gcs_data.vocab}", *SHAPE, "--dupe_factor=2"]
+    small = f"--input_file={SMALL}/*.txt"
+    named = {
+        "beam": ("create_pretraining_data", [
+            f"--input_file={BEAM}/in/*.gz", f"--output_file={BEAM}/out/train.tfrecord",
+            "--num_output_shards=2", *records, "--runner=DirectRunner", "--", NO_PRISM]),
+        "stats_records": ("data_stats", [f"--input_file={gcs_data.tfrecords}",
+                                         f"--vocab_file={gcs_data.vocab}", *SHAPE]),
+        "stats_corpus": ("data_stats", [f"--config={inputs['configs']['gs']}", "--num_batches=3"]),
+        "vocab": ("vocab", [small, f"--output_file=gs://{DATA_BUCKET}/vocab/vocab.txt",
+                            *VOCAB_FLAGS]),
+        # Counted by Beam's workers from gs://, the scratch beside the gs:// output.
+        "vocab_beam": ("vocab", [small, f"--output_file=gs://{DATA_BUCKET}/vocab-beam/vocab.txt",
+                                 *VOCAB_FLAGS, "--runner=DirectRunner",
+                                 f"--beam_pipeline_options={NO_PRISM}"]),
+        **{how: ("create_pretraining_data", [
+            f"--input_file={gcs_data.corpus}",
+            f"--output_file=gs://{DATA_BUCKET}/damaged-{how}/train.tfrecord",
+            "--num_output_shards=2", *records, "--runner=DirectRunner",
+            f"--beam_pipeline_options={NO_PRISM}"]) for how in DAMAGES},
+    }  # fmt: skip
+    spec = {
+        "uploads": [(str(inputs["gzipped"]), f"{BEAM}/in/corpus.txt.gz"),
+                    (str(inputs["small"]), f"{SMALL}/corpus.txt")],
+        "runs": [{"module": module, "argv": argv, "damage": name if name in DAMAGES else None}
+                 for name, (module, argv) in named.items()],
+        "listings": [gcs_data.tfrecords.rsplit("/", 1)[0] + "/", f"{BEAM}/out/",
+                     f"gs://{DATA_BUCKET}/vocab/", f"gs://{DATA_BUCKET}/vocab-beam/",
+                     *(f"gs://{DATA_BUCKET}/damaged-{how}/" for how in DAMAGES)],
+    }  # fmt: skip
+    root = tmp_path_factory.mktemp("runs")
+    (root / "spec.json").write_text(json.dumps(spec))
+    gcs.python(PROBE, root / "spec.json", root / "results.json", cwd=REPO)
+    results = json.loads((root / "results.json").read_text())
+    return dict(zip(named, results["runs"], strict=True)), results["objects"]
+
+
+def _ok(run) -> str:
+    assert run["code"] == 0, run["stderr"][-3000:]
+    return run["stdout"]
+
+
+def test_create_pretraining_data_reads_and_writes_gs(gcs_data, local_records, runs):
+    on_gcs = runs[1][gcs_data.tfrecords.rsplit("/", 1)[0] + "/"]
+    assert on_gcs == _files(local_records)  # the same shards, and no temporary object left
+    assert sorted(on_gcs) == [f"train.tfrecord-0000{i}-of-00002" for i in range(2)]
+    assert f"wrote 2 file(s): {gcs_data.tfrecords[:-1]}00000-of-00002, " in gcs_data.created
+    assert not (REPO / "gs:").exists()  # no local directory named after the bucket
+
+
+def test_create_pretraining_data_on_beam_reads_and_writes_gs(gcs_data, local_records, runs):
+    """--runner=DirectRunner from a gzip'd gs:// corpus (split into plain pieces in a gs://
+    scratch) to gs:// shards: the local builder's bytes (the corpus is smaller than a span at the
+    default --work_unit_bytes, so the plain and gzip'd files make the same units), and no scratch
+    object left behind."""
+    assert gcs_data.local_corpus.stat().st_size < 1 << 20  # one span at the default 1 MiB units
+    out = _ok(runs[0]["beam"])
+    assert out.startswith(f"Beam: --runner=DirectRunner {NO_PRISM}\n")
+    assert runs[1][f"{BEAM}/out/"] == _files(local_records)
+
+
+def test_data_stats_on_gs_tfrecords_and_on_the_gs_corpus(local_records, inputs, runs):
+    remote = _ok(runs[0]["stats_records"])
+    local = _here("data_stats", f"--input_file={local_records}/*", f"--vocab_file={bundled.VOCAB}",
+                  *SHAPE)  # fmt: skip
+    assert remote == local and remote.startswith("examples ")
+    remote = _ok(runs[0]["stats_corpus"])
+    local = _here("data_stats", f"--config={inputs['configs']['local']}", "--num_batches=3")
+    assert remote == local and remote.startswith("examples ")
+
+
+def test_vocab_from_a_gs_corpus_to_gs(inputs, runs, tmp_path):
+    _ok(runs[0]["vocab"])
+    _here("vocab", f"--input_file={inputs['small']}", f"--output_file={tmp_path}/vocab.txt",
+          *VOCAB_FLAGS)  # fmt: skip
+    assert runs[1][f"gs://{DATA_BUCKET}/vocab/"] == _files(tmp_path)
+    # Counted by Beam's workers from gs://, the scratch beside the gs:// output: the same vocab.
+    _ok(runs[0]["vocab_beam"])
+    assert runs[1][f"gs://{DATA_BUCKET}/vocab-beam/"] == _files(tmp_path)
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_lost_or_short_gs_piece_is_one_line_and_no_output(runs, how):
     """On Beam from gs:// to gs://, the scratch on gs://: a piece deleted or truncated after the
     units are written is the one line naming it; no output object and no scratch object left."""
+    result = runs[0][how]
     base = f"gs://{DATA_BUCKET}/damaged-{how}"
-    result = gcs.run(
-        [sys.executable, "-c", DAMAGED_RUN, how, f"--input_file={gcs_data.corpus}",
-         f"--output_file={base}/train.tfrecord", "--num_output_shards=2",
-         f"--vocab_file={gcs_data.vocab}", *SHAPE, "--dupe_factor=2", "--runner=DirectRunner",
-         f"--beam_pipeline_options={NO_PRISM}"],
-        cwd=REPO,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    _, path, size, records = result.stdout.splitlines()[-1].split()
+    assert result["code"] == 1, result["stderr"][-3000:]
+    _, path, size, records = result["stdout"].splitlines()[-1].split()
     scratch = f"{base}/train.tfrecord-00000-of-00002.beam-scratch-"  # beside the first shard
     assert path.startswith(scratch) and "/unit-000000-shard-" in path
     shard = int(path.rsplit("/", 1)[1].split("-")[3])
     found = "missing" if how == "delete" else f"{int(size) - 10} bytes"
-    # Beam's and TensorFlow's own log lines come first in a subprocess; the error is the last.
-    assert "Traceback" not in result.stderr
-    assert result.stderr.splitlines()[-1] == (
+    # Beam's and TensorFlow's own log lines come first; the error is the last.
+    assert "Traceback" not in result["stderr"]
+    assert result["stderr"].splitlines()[-1] == (
         f"create_pretraining_data: error: {path}: {found}, expected {size} bytes ({records} "
         f"records) of work unit 0 for output shard {shard}; no output shard written"
     )
-    assert _objects(gcs, f"{base}/") == {}
+    assert runs[1][f"{base}/"] == {}

@@ -12,24 +12,28 @@ and Google's original code):
    the original params (1);
 3. ``extract_features`` with ``--checkpoint``, ``--input_file`` and ``--output_file`` on gs://
    writes the lines it writes from local files.
+
+Everything on gs:// is done by one process in the namespace (:data:`PROBE`, the ``done``
+fixture): the uploads, the commands (each its module run as ``__main__``, as ``python -m`` runs
+it: tests/gcs/commands_test.py's :data:`RUN_MODULE`), the reads (1), and the objects listed and
+read back at the end. A start-up each saved on six processes.
 """
 
 import hashlib
 import json
 import shutil
-import sys
 
 import pytest
 
-from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO, upload, upload_tree
+from tests.gcs.commands_test import RUN_MODULE
+from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO
 
 pytestmark = pytest.mark.xdist_group("gcs")
 OUT = f"gs://{DATA_BUCKET}/interop"
 
-SAME_READS = (
+SAME_READS = (  # reads sys.argv[1] (JSON: [local, gs://, load's kwargs]...), errors sys.argv[2:]
     """
 import json, sys
-import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
 import numpy as np
 from etils import epath
 from bertjax.interop import formats
@@ -59,48 +63,41 @@ for path in sys.argv[2:]:
         formats.load(path)
     except ConvertError as e:
         errors[path] = str(e)
-print(json.dumps({"reads": reads, "errors": errors}))
+found = {"reads": reads, "errors": errors}
 """
 )
 
-OBJECTS = """
+PROBE = (  # the spec's JSON file, the results' JSON file
+    """
 import hashlib, json, sys
+import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
+from bertjax import startup
 from google.cloud import storage
-bucket, prefix = sys.argv[1][5:].split("/", 1)
-print(json.dumps({b.name[len(prefix):]: hashlib.sha256(b.download_as_bytes()).hexdigest()
-                  for b in storage.Client().list_blobs(bucket, prefix=prefix)}))
+
+tf = startup.import_tensorflow()  # without its start-up lines, as the commands import it
 """
-
-DOWNLOAD = """
-import sys
-from google.cloud import storage
-bucket, name = sys.argv[1][5:].split("/", 1)
-sys.stdout.write(storage.Client().bucket(bucket).blob(name).download_as_text())
+    + RUN_MODULE
+    + """
+spec, results_path = json.load(open(sys.argv[1])), sys.argv[2]
+client = storage.Client()
+for source, target in spec["uploads"]:
+    bucket, name = target[5:].split("/", 1)
+    client.bucket(bucket).blob(name).upload_from_filename(source)
+runs = {name: run_module(module, argv) for name, module, argv in spec["runs"]}
+sys.argv = [sys.argv[0], json.dumps(spec["reads"]), *spec["errors"]]
 """
-
-
-def _command(gcs, module: str, *flags) -> str:
-    result = gcs.run([sys.executable, "-m", f"bertjax.{module}", *flags], cwd=REPO)
-    assert result.returncode == 0, result.stderr.strip().splitlines()[-1:]
-    return result.stdout
-
-
-@pytest.fixture(scope="module")
-def converted(gcs, gcs_data):
-    """``convert`` gs:// -> gs://, both ways: the tiny params to HF, and that HF directory back."""
-    out = _command(gcs, "convert", f"--src={gcs_data.params}", f"--dst={OUT}/hf", "--to=hf")
-    assert out == f"wrote hf checkpoint to {OUT}/hf\n"
-    out = _command(gcs, "convert", f"--src={OUT}/hf", f"--dst={OUT}/back", "--to=bertjax")
-    assert out == f"wrote bertjax checkpoint to {OUT}/back\n"
-    return f"{OUT}/hf", f"{OUT}/back"
-
-
-def test_convert_to_hf_on_gs_writes_what_it_writes_on_disk(gcs, gcs_hf, converted):
-    on_gcs = json.loads(gcs.python(OBJECTS, converted[0] + "/"))
-    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in gcs_hf.local.iterdir()}
-    assert on_gcs == on_disk  # no temporary object left either
-    assert sorted(on_gcs) == ["config.json", "model.safetensors", "tokenizer_config.json",
-                              "vocab.txt"]  # fmt: skip
+    + SAME_READS
+    + """
+bucket, prefix = spec["listing"][5:].split("/", 1)
+objects = {b.name[len(prefix):]: hashlib.sha256(b.download_as_bytes()).hexdigest()
+           for b in client.list_blobs(bucket, prefix=prefix)}
+bucket, name = spec["download"][5:].split("/", 1)
+text = client.bucket(bucket).blob(name).download_as_text()
+json.dump({"runs": runs, "found": found, "objects": objects, "features": text},
+          open(results_path, "w"))
+"""
+)
+TF1 = {"do_lower_case": True}  # the release does not record its casing
 
 
 def _local_formats(directory):
@@ -121,24 +118,71 @@ def _local_formats(directory):
     (directory / "novocab/vocab.txt").unlink()
 
 
-def test_every_format_reads_the_same_from_gs_as_from_disk(gcs, gcs_data, gcs_hf, converted,
-                                                          tmp_path):  # fmt: skip
-    _local_formats(tmp_path)
+@pytest.fixture(scope="module")
+def done(gcs, gcs_data, gcs_hf, tmp_path_factory):
+    """Every gs:// part of this module in one process (:data:`PROBE`): ``convert`` gs:// ->
+    gs://, both ways (the tiny params to HF, and that HF directory back), ``extract_features``
+    from the converted params, the reads of every format (1): {"runs", "found", "objects" (the
+    HF directory's), "features" (the lines written on gs://)}, and the local files it read."""
+    root = tmp_path_factory.mktemp("interop")
+    _local_formats(root / "formats")
+    text = root / "input.txt"
+    text.write_text("in the beginning\nand the earth ||| was without form\n\n")
     remote = f"{OUT}/formats"
-    upload_tree(gcs, tmp_path, remote)
-    tf1 = {"do_lower_case": True}  # the release does not record its casing
+    files = sorted(p for p in (root / "formats").rglob("*") if p.is_file())
+    uploads = [(str(p), f"{remote}/{p.relative_to(root / 'formats')}") for p in files]
     cases = {  # gs:// path -> (local path, load's arguments, the format)
-        f"{remote}/safetensors": (tmp_path / "safetensors", {}, "hf"),
-        f"{remote}/bin": (tmp_path / "bin", {}, "hf"),
-        f"{remote}/tf1": (tmp_path / "tf1", tf1, "tf1"),
-        f"{remote}/tf1/bert_model.ckpt": (tmp_path / "tf1/bert_model.ckpt", tf1, "tf1"),
+        f"{remote}/safetensors": (root / "formats/safetensors", {}, "hf"),
+        f"{remote}/bin": (root / "formats/bin", {}, "hf"),
+        f"{remote}/tf1": (root / "formats/tf1", TF1, "tf1"),
+        f"{remote}/tf1/bert_model.ckpt": (root / "formats/tf1/bert_model.ckpt", TF1, "tf1"),
         gcs_data.params: (gcs_hf.local_params, {}, "bertjax"),
-        converted[1]: (gcs_hf.local_params, {}, "bertjax"),  # convert's HF -> bertjax on gs://
+        f"{OUT}/back": (gcs_hf.local_params, {}, "bertjax"),  # convert's HF -> bertjax on gs://
     }
-    errors = [f"{remote}/missing", f"{remote}/corrupt", f"{remote}/novocab"]
-    argument = json.dumps([(str(local), path, kwargs) for path, (local, kwargs, _) in
-                           cases.items()])  # fmt: skip
-    found = json.loads(gcs.python(SAME_READS, argument, *errors, cwd=REPO))
+    spec = {
+        "uploads": [*uploads, (str(text), f"{OUT}/input.txt")],
+        "runs": [
+            ("hf", "convert", [f"--src={gcs_data.params}", f"--dst={OUT}/hf", "--to=hf"]),
+            ("back", "convert", [f"--src={OUT}/hf", f"--dst={OUT}/back", "--to=bertjax"]),
+            (
+                "features",
+                "extract_features",
+                [
+                    f"--input_file={OUT}/input.txt",
+                    f"--output_file={OUT}/features.jsonl",
+                    f"--checkpoint={OUT}/back",
+                    "--max_seq_length=16",
+                    "--layers=-1,-2",
+                ],
+            ),
+        ],  # fmt: skip
+        "reads": [(str(local), path, kwargs) for path, (local, kwargs, _) in cases.items()],
+        "errors": [f"{remote}/missing", f"{remote}/corrupt", f"{remote}/novocab"],
+        "listing": f"{OUT}/hf/",
+        "download": f"{OUT}/features.jsonl",
+    }
+    (root / "spec.json").write_text(json.dumps(spec))
+    gcs.python(PROBE, root / "spec.json", root / "results.json", cwd=REPO)
+    results = json.loads((root / "results.json").read_text())
+    for name, expected in (("hf", f"wrote hf checkpoint to {OUT}/hf\n"),
+                           ("back", f"wrote bertjax checkpoint to {OUT}/back\n")):  # fmt: skip
+        run = results["runs"][name]
+        assert run["code"] == 0, run["stderr"].strip().splitlines()[-1:]
+        assert run["stdout"] == expected
+    return results, cases, text
+
+
+def test_convert_to_hf_on_gs_writes_what_it_writes_on_disk(gcs_hf, done):
+    on_gcs = done[0]["objects"]
+    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in gcs_hf.local.iterdir()}
+    assert on_gcs == on_disk  # no temporary object left either
+    assert sorted(on_gcs) == ["config.json", "model.safetensors", "tokenizer_config.json",
+                              "vocab.txt"]  # fmt: skip
+
+
+def test_every_format_reads_the_same_from_gs_as_from_disk(done):
+    results, cases, _ = done
+    found, remote = results["found"], f"{OUT}/formats"
     for path, (_, _, fmt) in cases.items():
         read = found["reads"][path]
         assert read["formats"] == [fmt, fmt], path
@@ -154,19 +198,15 @@ def test_every_format_reads_the_same_from_gs_as_from_disk(gcs, gcs_data, gcs_hf,
     assert errors[f"{remote}/novocab"] == f"{remote}/novocab/vocab.txt: vocab file not found"
 
 
-def test_extract_features_on_gs_writes_what_it_writes_from_local_files(gcs, gcs_hf, converted,
-                                                                       tmp_path):  # fmt: skip
+def test_extract_features_on_gs_writes_what_it_writes_from_local_files(gcs_hf, done, tmp_path):
     from bertjax.finetune import features as extract_features
 
-    text = tmp_path / "input.txt"
-    text.write_text("in the beginning\nand the earth ||| was without form\n\n")
-    upload(gcs, {text: f"{OUT}/input.txt"})
-    out = _command(gcs, "extract_features", f"--input_file={OUT}/input.txt",
-                   f"--output_file={OUT}/features.jsonl", f"--checkpoint={converted[1]}",
-                   "--max_seq_length=16", "--layers=-1,-2")  # fmt: skip
-    assert out == f"wrote features of 3 lines to {OUT}/features.jsonl\n"
+    results, _, text = done
+    run = results["runs"]["features"]
+    assert run["code"] == 0, run["stderr"].strip().splitlines()[-1:]
+    assert run["stdout"] == f"wrote features of 3 lines to {OUT}/features.jsonl\n"
     # The same from the original params on disk (the tiny model has 2 layers).
     extract_features.extract(str(gcs_hf.local_params), str(text),
                              str(tmp_path / "features.jsonl"), [-1, -2], 16)  # fmt: skip
-    remote = gcs.python(DOWNLOAD, f"{OUT}/features.jsonl")
+    remote = results["features"]
     assert remote == (tmp_path / "features.jsonl").read_text() and remote.count("\n") == 3
