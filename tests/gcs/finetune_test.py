@@ -14,6 +14,9 @@ a checkpoint every 2, dropout on) from ``gcs_hf``, the tiny model as a HF direct
 3. ``predict`` from that gs:// checkpoint into a new gs:// workdir writes the reference's test
    predictions;
 4. a gs:// ``data_dir`` without the task's files is one line naming the gs:// file.
+
+3 and 4 run in one process (``COMMANDS``: the command run as ``__main__`` twice, absl's flags
+reset between), a start-up saved.
 """
 
 import dataclasses
@@ -25,7 +28,7 @@ import time
 
 import pytest
 
-from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO, download_tree, upload_tree
+from tests.gcs.conftest import DATA_BUCKET, REPO, download_tree, upload_tree
 
 pytestmark = pytest.mark.xdist_group("gcs")
 WORK = "bertjax-finetune"
@@ -41,22 +44,6 @@ FLAGS = [
     "--config.train.log_every=2",
     "--config.checkpoint.every_steps=2",  # config.checkpoint.keep as shipped: 1
 ]
-
-SAME_PARAMS = (
-    """
-import json, sys
-import bertjax
-import numpy as np
-from bertjax.training import checkpoint
-"""
-    + FLAT_PARAMS
-    + """
-got, want = (dict(flat(checkpoint.load_params(p)[0])) for p in sys.argv[1:3])
-print(json.dumps(sorted(k for k in want.keys() | got.keys() if k not in got or k not in want
-                        or not np.array_equal(got[k], want[k]))))
-"""
-)
-
 
 EXISTS = """
 import sys
@@ -125,15 +112,24 @@ def test_a_gs_finetune_killed_mid_seal_resumes_to_the_local_result(gcs, finetune
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in resumed.stdout
     assert f"restored step 2 from {workdir}/checkpoints" in resumed.stdout
-    differ = json.loads(gcs.python(SAME_PARAMS, f"{workdir}/checkpoint",
-                                   str(reference / "checkpoint"), cwd=REPO))  # fmt: skip
-    assert differ == [], differ
-    got = download_tree(gcs, workdir, tmp_path / "run")
+    got = download_tree(gcs, workdir, tmp_path / "run")  # the fine-tuned checkpoint too
+    _assert_same_params(got / "checkpoint", reference / "checkpoint")
     dev = lambda path: json.loads((path / "eval_results.json").read_text())["dev"]
     assert dev(got) == dev(reference) and dev(got)["dev"]["num_examples"] == 8
     files = lambda path: {p.name: p.read_bytes() for p in (path / "predictions").iterdir()}
     assert files(got) == files(reference) and "MRPC.tsv" in files(got)
     assert [p for p in (got / "tensorboard").iterdir() if p.name.startswith("events.out.")]
+
+
+def _assert_same_params(got, want) -> None:
+    """The params of two local checkpoints: the same leaves, bit for bit."""
+    import jax  # noqa: PLC0415 - JAX and orbax: only when needed
+    import numpy as np  # noqa: PLC0415
+
+    from bertjax.training import checkpoint  # noqa: PLC0415
+
+    got, want = (checkpoint.load_params(path)[0] for path in (got, want))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
 
 
 def _wait_for_hold(gcs, mark, proc, timeout=240):
@@ -148,26 +144,76 @@ def _wait_for_hold(gcs, mark, proc, timeout=240):
     raise AssertionError(f"step 4's seal was not held within {timeout} s")
 
 
-def test_predict_from_a_gs_checkpoint_into_a_gs_workdir(gcs, finetune, reference, tmp_path):
+# ``python -m bertjax.finetune ARGV`` for each ARGV of argv[1] (JSON), in one process (a
+# start-up saved per run): absl's flags reset between runs, each run the module as ``__main__``;
+# its exit status and what it wrote to file descriptors 1 and 2 (C++ logs too) as JSON lines.
+COMMANDS = """
+import json, os, runpy, sys, tempfile
+from absl import app, flags
+app.define_help_flags()  # absl defines them once, at the first app.run: keep them
+baseline = set(flags.FLAGS)
+real = os.dup(1)
+for argv in json.loads(sys.argv[1]):
+    for name in set(flags.FLAGS) - baseline:  # the last run's flags
+        delattr(flags.FLAGS, name)
+    flags.FLAGS.unparse_flags()
+    sys.argv = argv
+    files, saved = [tempfile.TemporaryFile() for _ in "12"], [os.dup(1), os.dup(2)]
+    for fd, f in zip((1, 2), files):
+        os.dup2(f.fileno(), fd)
+    try:
+        runpy.run_module("bertjax.finetune", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    sys.stdout.flush(); sys.stderr.flush()
+    for fd, old in zip((1, 2), saved):
+        os.dup2(old, fd)
+    out, err = (f.seek(0) or f.read().decode() for f in files)
+    os.write(real, (json.dumps({"code": code, "stdout": out, "stderr": err}) + "\\n").encode())
+"""
+
+
+@pytest.fixture(scope="module")
+def predicted_and_refused(gcs, finetune, reference):
+    """Two runs of the command in one process: ``predict`` from the gs:// fine-tuned checkpoint
+    into a new gs:// workdir, and a train run on a gs:// ``data_dir`` without the task's files:
+    {"predict": ..., "no_data": ...}, each {"code", "stdout", "stderr"}."""
     trained = f"gs://{WORK}/run/checkpoint"
-    if not gcs.python(EXISTS, f"{trained}/bertjax_checkpoint.json"):  # this test run alone
+    if not gcs.python(EXISTS, f"{trained}/bertjax_checkpoint.json"):  # without the kill test
         upload_tree(gcs, reference / "checkpoint", trained)
-    workdir = f"gs://{WORK}/predicted"
-    result = finetune.run(
-        workdir, "--config.mode=predict", f"--config.task.predict_checkpoint={trained}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines()[-1] == "wrote MRPC.tsv"
-    got = download_tree(gcs, workdir, tmp_path / "predicted")
+    runs = {
+        "predict": finetune.command(
+            f"gs://{WORK}/predicted",
+            "--config.mode=predict",
+            f"--config.task.predict_checkpoint={trained}",
+        ),  # fmt: skip
+        "no_data": finetune.command(
+            f"gs://{WORK}/never", f"--config.task.data_dir=gs://{DATA_BUCKET}/no-mrpc"
+        ),
+    }
+    argvs = [["bertjax.finetune", *command[3:]] for command in runs.values()]
+    out = gcs.python(COMMANDS, json.dumps(argvs), env=finetune.environ, cwd=REPO)
+    results = [json.loads(line) for line in out.splitlines() if line.startswith('{"code": ')]
+    return dict(zip(runs, results, strict=True))
+
+
+def test_predict_from_a_gs_checkpoint_into_a_gs_workdir(gcs, reference, predicted_and_refused,
+                                                        tmp_path):  # fmt: skip
+    result = predicted_and_refused["predict"]
+    assert result["code"] == 0, result["stderr"][-3000:]
+    assert result["stdout"].splitlines()[-1] == "wrote MRPC.tsv"
+    got = download_tree(gcs, f"gs://{WORK}/predicted", tmp_path / "predicted")
     assert sorted(os.listdir(got)) == ["predictions"]
     assert (got / "predictions/MRPC.tsv").read_bytes() == (
         reference / "predictions/MRPC.tsv"
     ).read_bytes()
 
 
-def test_a_gs_data_dir_without_the_task_files_is_one_line_naming_the_file(gcs, finetune):
-    data_dir = f"gs://{DATA_BUCKET}/no-mrpc"
-    result = finetune.run(f"gs://{WORK}/never", f"--config.task.data_dir={data_dir}")
-    assert result.returncode == 1, result.stderr[-3000:]
-    lines = result.stderr.strip().splitlines()
-    assert lines == [f"finetune: error: {data_dir}/train.tsv: file not found"], lines
+def test_a_gs_data_dir_without_the_task_files_is_one_line_naming_the_file(predicted_and_refused):
+    result = predicted_and_refused["no_data"]
+    assert result["code"] == 1, result["stderr"][-3000:]
+    lines = result["stderr"].strip().splitlines()
+    assert lines == [f"finetune: error: gs://{DATA_BUCKET}/no-mrpc/train.tsv: file not found"], (
+        lines
+    )

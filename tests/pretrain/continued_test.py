@@ -1,7 +1,9 @@
 """Continued pretraining from HF and TF1 checkpoints through ``python -m bertjax.main``.
 
-Three small random checkpoints continue pretraining for a few steps through the real command with
-``configs/tiny.py`` and no model or vocab flag (the architecture, vocab and casing come from the
+Three small random checkpoints continue pretraining for a few steps through the real command
+(``bertjax.main`` run as ``__main__`` in the test's process, its flags parsed by absl, as
+``python -m`` runs it: ``tests.finetune.loop_test.command_here``) with ``configs/tiny.py`` and
+no model or vocab flag (the architecture, vocab and casing come from the
 checkpoint): a HF ``BertForPreTraining`` directory, a HF ``BertModel`` directory (fresh MLM and
 NSP heads) and Google's TF1 layout of the same ``BertForPreTraining``. References: HF PyTorch's
 ``BertForPreTraining`` loss on the run's first batch (MLM mean over the masked positions + NSP
@@ -16,8 +18,6 @@ import math
 import pathlib
 import re
 import shutil
-import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -32,6 +32,8 @@ from bertjax.pretrain import objective as objective_lib
 from bertjax.training import init_record
 from bertjax.training import workdir as workdir_lib
 from tests.commands import tiny_run
+from tests.finetune.inputs_test import _sigterm_at_step
+from tests.finetune.loop_test import command_here
 from tests.interop import references
 from tests.interop.tf1_test import write_tf1_checkpoint
 
@@ -39,7 +41,10 @@ REPO = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(REPO / "configs"))
 import tiny  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("continued_test")  # the module's runs, built once
+pytestmark = [
+    pytest.mark.xdist_group("continued_test"),  # the module's runs, built once
+    pytest.mark.usefixtures("fast_compiles"),  # tiny runs of a few steps: compiling is the cost
+]
 BATCH, STEPS = 8, 3
 # Training-only flags: small and deterministic (no dropout, so the step-1 loss is HF's eval loss).
 TRAIN_FLAGS = {
@@ -54,26 +59,25 @@ TRAIN_FLAGS = {
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    """A 40-chapter slice of the bundled corpus, a config file (tiny.py reading it) and the
-    subprocess environment (one device, a shared compilation cache)."""
+def env(tmp_path_factory) -> pathlib.Path:
+    """A directory with a 40-chapter slice of the bundled corpus and a config file (tiny.py
+    reading it, its data cache beside it)."""
     root = tmp_path_factory.mktemp("continued")
     tiny_run.write_env(root, cache_dir=root / "cache")
-    return root, tiny_run.environ(root, platform_hints=True)
+    return root
 
 
-def _main(env, checkpoint, workdir, *extra, config=None, steps=STEPS) -> subprocess.Popen:
-    """Starts ``python -m bertjax.main`` on ``checkpoint`` with tiny.py's config (reading the
-    corpus slice) or ``config``, for ``steps`` steps (one save, at the end)."""
-    root, environ = env
+def _main(env, checkpoint, workdir, *extra, config=None, steps=STEPS):
+    """``python -m bertjax.main`` on ``checkpoint`` with tiny.py's config (reading the corpus
+    slice) or ``config``, for ``steps`` steps (one save, at the end), run in this process
+    (``command_here``: the module as ``__main__``, a start-up of imports saved): a
+    CompletedProcess."""
     values = {**TRAIN_FLAGS, "train.num_steps": steps, "checkpoint.every_steps": steps}
     flags = [f"--config.{k}={v}" for k, v in values.items()]
-    config = config or root / "test_config.py"
-    command = [sys.executable, "-m", "bertjax.main", f"--config={config}",
-               f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
-               *flags, *extra]  # fmt: skip
-    return subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    config = config or env / "test_config.py"
+    return command_here("bertjax.main", f"--config={config}",
+                        f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
+                        *flags, *extra)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -100,20 +104,20 @@ def runs(env, checkpoints):
     'model' continue their checkpoint; 'tf1' also sets a model field on the command line that
     agrees with the checkpoint, 'refused' (on configs/continue.py) one that does not."""
     _, hf_dir, tf1_dir, _, model_dir = checkpoints
-    started = {}
+    out = {}
     for name, checkpoint, extra, config in (
         ("hf", hf_dir, (), None),
         ("tf1", tf1_dir, ("--config.model.hidden_size=32",), None),
         ("model", model_dir, (), None),
         ("refused", hf_dir, ("--config.model.num_layers=3",), REPO / "configs" / "continue.py"),
     ):
-        workdir = env[0] / f"run_{name}"
-        started[name] = workdir, _main(env, checkpoint, workdir, *extra, config=config)
-    out = {}
-    for name, (workdir, process) in started.items():
-        stdout, stderr = process.communicate(timeout=600)
-        out[name] = workdir, process.returncode, stdout, stderr
+        workdir = env / f"run_{name}"
+        out[name] = workdir, *_returned(_main(env, checkpoint, workdir, *extra, config=config))
     return out
+
+
+def _returned(done) -> tuple[int, str, str]:
+    return done.returncode, done.stdout, done.stderr
 
 
 def _succeeded(run) -> tuple[pathlib.Path, str]:
@@ -137,8 +141,8 @@ def _train_scalars(workdir: pathlib.Path, step: int) -> dict:
 def _first_batch(env, checkpoint) -> dict:
     """The run's first train batch, rebuilt in this process from the same config."""
     config = tiny.get_config()
-    config.data.input_files = config.data.eval_input_files = [str(env[0] / "corpus.txt")]
-    config.data.cache_dir = str(env[0] / "cache")
+    config.data.input_files = config.data.eval_input_files = [str(env / "corpus.txt")]
+    config.data.cache_dir = str(env / "cache")
     config.init_checkpoint = str(checkpoint)
     for key, value in TRAIN_FLAGS.items():
         section, field = key.split(".")
@@ -314,7 +318,7 @@ def _without_a_verified_step(workdir, copy) -> pathlib.Path:
     return copy
 
 
-def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
+def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path, monkeypatch):
     """A run from a copy of the HF checkpoint, stopped by SIGTERM after its first step (it saves
     and exits 0), then the copy deleted: the rerun of the same command restores the saved step
     without reading it (one line says so) and ends with the same params, bit for bit, as an
@@ -328,13 +332,11 @@ def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
     movable = tmp_path / "hf_copy"
     shutil.copytree(hf_dir, movable)
     workdir = tmp_path / "run"
+    _sigterm_at_step(monkeypatch, 2)  # as it takes step 2's batch, after step 1's line
     first = _main(env, movable, workdir, steps=RESUMED_STEPS)
-    for line in first.stdout:
-        if line.startswith("step "):
-            first.send_signal(signal.SIGTERM)
-            break
-    out, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
+    monkeypatch.undo()
+    out = first.stdout
+    assert first.returncode == 0, first.stderr[-3000:]
     saved = int(re.search(r"^SIGTERM: saving step (\d+)$", out, re.M).group(1))
     assert 1 <= saved < RESUMED_STEPS, out[-2000:]
     record = json.loads((workdir / workdir_lib.META_FILE).read_text())
@@ -344,13 +346,13 @@ def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
     }  # fmt: skip
     shutil.rmtree(movable)
     moved = _without_a_verified_step(workdir, tmp_path / "moved")
-    tables = sorted((env[0] / "cache").iterdir())  # the corpus' instance tables, tokenized
-    started = {
-        "resumed": _main(env, movable, workdir, steps=RESUMED_STEPS),
-        "moved": _main(env, hf_dir, moved, steps=RESUMED_STEPS),
-    }
-    # Meanwhile, in this process: with the copy gone and no verified step, the run's initial
-    # params (what bertjax.training.start asks for when no step restores) are one line.
+    tables = sorted((env / "cache").iterdir())  # the corpus' instance tables, tokenized
+    resumed = _succeeded((workdir, *_returned(_main(env, movable, workdir, steps=RESUMED_STEPS))))[
+        1
+    ]
+    restarted = _succeeded((moved, *_returned(_main(env, hf_dir, moved, steps=RESUMED_STEPS))))[1]
+    # With the copy gone and no verified step, the run's initial params (what
+    # bertjax.training.start asks for when no step restores) are one line.
     missing = _without_a_verified_step(workdir, tmp_path / "missing")
     config = tiny.get_config()
     config.init_checkpoint = str(movable)
@@ -367,9 +369,6 @@ def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
     layers = continued.resolve(config, {}, str(missing))[1].load().params["encoder"]["layers"]
     for path, value in _leaves(taken["encoder"]["layers"]["layer_1"]):
         np.testing.assert_array_equal(dict(_leaves(layers["layer"]))[path][1], value)
-    out = {name: (*p.communicate(timeout=600), p.returncode) for name, p in started.items()}
-    _, resumed = _succeeded((workdir, out["resumed"][2], *out["resumed"][:2]))
-    _, restarted = _succeeded((moved, out["moved"][2], *out["moved"][:2]))
     assert f"resuming {workdir}, continued from {movable} (hf): its record's architecture " \
         "replaces config.model's (vocab_size 7633 -> 30522, " in resumed  # fmt: skip
     assert f"restored step {saved} from " in resumed
@@ -387,7 +386,7 @@ def test_a_resume_never_reads_the_init_checkpoint(env, checkpoints, tmp_path):
     for run in (workdir, moved):
         assert (run / "checkpoints" / str(RESUMED_STEPS) / "bertjax_manifest.json").exists()
     # The workdir's copy of the vocab is the same vocab: nothing was tokenized again.
-    assert sorted((env[0] / "cache").iterdir()) == tables
+    assert sorted((env / "cache").iterdir()) == tables
     want, got = _flat(moved), _flat(workdir)
     assert sorted(got) == sorted(want)
     for key, value in want.items():
