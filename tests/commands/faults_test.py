@@ -4,7 +4,7 @@ Every case drives the real command on the tiny model (main_test's set-up, 8 step
 every 2) and checks what the run does and what the workdir holds afterwards:
 
 1. a second run on a live workdir is refused naming the holder; SIGINT then saves and exits 0
-   as SIGTERM does (one run: the live holder is the run that gets SIGINT);
+   as SIGTERM does (in 3's test: its allowed run is the live holder that gets SIGINT);
 2. a damaged or incomplete latest checkpoint is named and skipped, the run resumes from the
    newest step that verifies and ends bit-identical to an uninterrupted run; convert too;
 3. a --config.data.vocab_file that differs from the init_checkpoint's vocab in size or content
@@ -58,6 +58,16 @@ def _until_step(proc) -> int:
     raise AssertionError(proc.stderr.read()[-3000:])
 
 
+def _lines_until_step(proc) -> str:
+    """The run's stdout up to and with its first step line."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step "):
+            return "".join(lines)
+    raise AssertionError(proc.stderr.read()[-3000:])
+
+
 def _one_line_error(result) -> str:
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
@@ -79,22 +89,6 @@ def _snapshot(path) -> dict:
         for p in sorted(path.rglob("*"))
         if p.is_file()
     }
-
-
-def test_1_second_run_is_refused_and_sigint_saves_like_sigterm(env, tmp_path):
-    workdir = tmp_path / "run"
-    first = _start(env, workdir, "--config.train.num_steps=100000")
-    stopped_at = _until_step(first)
-    second = call(env, workdir, "--config.optimizer.learning_rate=0.001")
-    line = _one_line_error(second)
-    assert f"{workdir} is in use by host " in line and f" pid {first.pid} since " in line
-    first.send_signal(signal.SIGINT)
-    out, err = first.communicate(timeout=300)
-    assert first.returncode == 0, err[-3000:]
-    assert "Traceback" not in err and "SIGINT: saving step" in out
-    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir())
-    assert saved >= stopped_at
-    assert not (workdir / "bertjax_lease.json").exists()  # released at the end
 
 
 def _largest_file(step_dir):
@@ -158,7 +152,10 @@ def _params_checkpoint(reference, tmp_path, vocab_lines, name):
     return checkpoint.save_params(tmp_path / name, params, config, str(vocab), True)
 
 
-def test_3_init_checkpoint_vocab_must_be_the_datas(env, reference, tmp_path):
+def test_3_init_vocab_must_be_the_datas_and_1_a_live_run_refuses_a_second_and_saves_on_sigint(
+    env, reference, tmp_path
+):
+    """3, then 1 with 3's allowed run as the live holder that gets SIGINT."""
     lines = open(bundled.VOCAB).read().splitlines()
     small = _params_checkpoint(reference, tmp_path, lines[:1000], "small")
     vocab = f"--config.data.vocab_file={bundled.VOCAB}"  # else the checkpoint's vocab is used
@@ -170,11 +167,25 @@ def test_3_init_checkpoint_vocab_must_be_the_datas(env, reference, tmp_path):
     assert f"{shuffled}/vocab.txt" in line and bundled.VOCAB in line
     assert "same size (7633 entries), different content" in line
     assert not (tmp_path / "b").exists()  # refused before anything was written
-    result = _run(env, tmp_path / "c", f"--config.init_checkpoint={shuffled}", vocab,
-                  "--config.allow_vocab_change=True")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Allowed: the run that 1) needs, a live holder of its workdir, stopped by SIGINT.
+    workdir = tmp_path / "c"
+    allowed = ("--config.allow_vocab_change=True", "--config.train.num_steps=100000")
+    first = _start(env, workdir, f"--config.init_checkpoint={shuffled}", vocab, *allowed)
     loaded = f"init_checkpoint {shuffled} (bertjax): loaded encoder, pooler, mlm, nsp"
-    assert loaded in result.stdout
+    assert loaded in _lines_until_step(first)
+    stopped_at = _until_step(first)  # a second step: it trains
+    # 1) A second run on the live workdir is refused, naming the holder.
+    second = call(env, workdir, "--config.optimizer.learning_rate=0.001")
+    line = _one_line_error(second)
+    assert f"{workdir} is in use by host " in line and f" pid {first.pid} since " in line
+    # 1) SIGINT saves and exits 0 as SIGTERM does.
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "SIGINT: saving step" in out
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir())
+    assert saved >= stopped_at
+    assert not (workdir / "bertjax_lease.json").exists()  # released at the end
 
 
 def test_4_rejected_resume_leaves_the_workdir_byte_identical(env, reference, tmp_path):

@@ -364,10 +364,11 @@ def test_bad_config_is_one_line_error(env):
     assert "Traceback" not in result.stderr
 
 
-def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
-    # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows.
+def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env, fast_compiles):
+    # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows. In this
+    # process (8 fake devices, XLA at -O0 as the subprocesses): two steps, no start-up of its own.
     workdir = env[0] / "nan"
-    result = _run(
+    result = _call(
         env,
         workdir,
         "--config.optimizer.learning_rate=1e30",
