@@ -3,16 +3,19 @@
 Every case drives the real command on the tiny model (main_test's set-up, 8 steps, a checkpoint
 every 2) and checks what the run does and what the workdir holds afterwards:
 
-1. a second run on a live workdir is refused naming the holder; a dead holder is taken over;
+1. a second run on a live workdir is refused naming the holder; SIGINT then saves and exits 0
+   as SIGTERM does (in 3's test: its allowed run is the live holder that gets SIGINT);
 2. a damaged or incomplete latest checkpoint is named and skipped, the run resumes from the
    newest step that verifies and ends bit-identical to an uninterrupted run; convert too;
 3. a --config.data.vocab_file that differs from the init_checkpoint's vocab in size or content
    is refused naming both files, unless config.allow_vocab_change;
 4. a rejected resume (another model) leaves the workdir byte-identical;
 5. a full disk stops the run with one line; the last complete checkpoint resumes bit-identical;
-6. SIGINT saves and exits 0 as SIGTERM does; SIGTERM during start-up is one line.
+6. SIGTERM during start-up is one line.
 
-kill -9 aimed mid-save and between a step's commit and its seal is main_test's
+Runs refused before their devices compute anything (1, 2, 3, 4) run in this process
+(``tiny_run.call``); the others are processes. A dead holder's lease taken over, and kill -9
+aimed mid-save and between a step's commit and its seal, are main_test's
 ``test_kill_9_mid_save_and_between_commit_and_seal_...`` (one run, no second reference).
 """
 
@@ -29,6 +32,7 @@ from bertjax.data import bundled
 from bertjax.training import checkpoint
 from bertjax.training import workdir as workdir_lib
 from tests.commands.main_test import NUM_STEPS, REPO, _command, _flatten, _run, env, reference
+from tests.commands.tiny_run import call
 
 pytestmark = pytest.mark.xdist_group("faults_test")  # its own reference run, one worker
 __all__ = ["env", "reference"]  # main_test's fixtures, instantiated for this module
@@ -54,6 +58,16 @@ def _until_step(proc) -> int:
     raise AssertionError(proc.stderr.read()[-3000:])
 
 
+def _lines_until_step(proc) -> str:
+    """The run's stdout up to and with its first step line."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step "):
+            return "".join(lines)
+    raise AssertionError(proc.stderr.read()[-3000:])
+
+
 def _one_line_error(result) -> str:
     assert result.returncode == 1, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
@@ -75,21 +89,6 @@ def _snapshot(path) -> dict:
         for p in sorted(path.rglob("*"))
         if p.is_file()
     }
-
-
-def test_1_second_run_is_refused_and_a_dead_holder_taken_over(env, tmp_path):
-    workdir = tmp_path / "run"
-    first = _start(env, workdir, "--config.train.num_steps=100000")
-    _until_step(first)
-    second = _run(env, workdir, "--config.optimizer.learning_rate=0.001")
-    line = _one_line_error(second)
-    assert f"{workdir} is in use by host " in line and f" pid {first.pid} since " in line
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    result = _run(env, workdir, f"--config.train.num_steps={NUM_STEPS}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"taking over the lease of {workdir} from host " in result.stdout + result.stderr
-    assert not (workdir / "bertjax_lease.json").exists()  # released at the end
 
 
 def _largest_file(step_dir):
@@ -122,7 +121,7 @@ def test_2_damaged_checkpoints_are_named_skipped_or_stop_the_run(env, reference,
     data = _largest_file(broken / "checkpoints" / str(NUM_STEPS - 2))
     data.write_bytes(data.read_bytes()[:-4096])
     before = _snapshot(broken)
-    line = _one_line_error(_run(env, broken))
+    line = _one_line_error(call(env, broken))
     assert "no checkpoint verifies" in line and "nothing was started" in line
     assert _snapshot(broken) == before
 
@@ -153,30 +152,47 @@ def _params_checkpoint(reference, tmp_path, vocab_lines, name):
     return checkpoint.save_params(tmp_path / name, params, config, str(vocab), True)
 
 
-def test_3_init_checkpoint_vocab_must_be_the_datas(env, reference, tmp_path):
+def test_3_init_vocab_must_be_the_datas_and_1_a_live_run_refuses_a_second_and_saves_on_sigint(
+    env, reference, tmp_path
+):
+    """3, then 1 with 3's allowed run as the live holder that gets SIGINT."""
     lines = open(bundled.VOCAB).read().splitlines()
     small = _params_checkpoint(reference, tmp_path, lines[:1000], "small")
     vocab = f"--config.data.vocab_file={bundled.VOCAB}"  # else the checkpoint's vocab is used
-    line = _one_line_error(_run(env, tmp_path / "a", f"--config.init_checkpoint={small}", vocab))
+    line = _one_line_error(call(env, tmp_path / "a", f"--config.init_checkpoint={small}", vocab))
     assert "sizes differ" in line
     assert "1000" in line and "7633" in line and str(small) in line
     shuffled = _params_checkpoint(reference, tmp_path, [*lines[:5], *lines[6:], lines[5]], "shuf")
-    line = _one_line_error(_run(env, tmp_path / "b", f"--config.init_checkpoint={shuffled}", vocab))
+    line = _one_line_error(call(env, tmp_path / "b", f"--config.init_checkpoint={shuffled}", vocab))
     assert f"{shuffled}/vocab.txt" in line and bundled.VOCAB in line
     assert "same size (7633 entries), different content" in line
     assert not (tmp_path / "b").exists()  # refused before anything was written
-    result = _run(env, tmp_path / "c", f"--config.init_checkpoint={shuffled}", vocab,
-                  "--config.allow_vocab_change=True")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Allowed: the run that 1) needs, a live holder of its workdir, stopped by SIGINT.
+    workdir = tmp_path / "c"
+    allowed = ("--config.allow_vocab_change=True", "--config.train.num_steps=100000")
+    first = _start(env, workdir, f"--config.init_checkpoint={shuffled}", vocab, *allowed)
     loaded = f"init_checkpoint {shuffled} (bertjax): loaded encoder, pooler, mlm, nsp"
-    assert loaded in result.stdout
+    assert loaded in _lines_until_step(first)
+    stopped_at = _until_step(first)  # a second step: it trains
+    # 1) A second run on the live workdir is refused, naming the holder.
+    second = call(env, workdir, "--config.optimizer.learning_rate=0.001")
+    line = _one_line_error(second)
+    assert f"{workdir} is in use by host " in line and f" pid {first.pid} since " in line
+    # 1) SIGINT saves and exits 0 as SIGTERM does.
+    first.send_signal(signal.SIGINT)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "SIGINT: saving step" in out
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir())
+    assert saved >= stopped_at
+    assert not (workdir / "bertjax_lease.json").exists()  # released at the end
 
 
 def test_4_rejected_resume_leaves_the_workdir_byte_identical(env, reference, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(reference[0], workdir)
     before = _snapshot(workdir)
-    line = _one_line_error(_run(env, workdir, "--config.model.num_layers=3"))
+    line = _one_line_error(call(env, workdir, "--config.model.num_layers=3"))
     assert "holds a run of another model (config.model.num_layers 2 -> 3)" in line
     assert _snapshot(workdir) == before
     workdir_lib.latest_params(workdir, log=lambda _: None)  # still exports
@@ -207,15 +223,7 @@ def test_5_full_disk_stops_with_one_line_and_the_last_checkpoint_resumes(env, re
     _assert_same_params(tmp_path / "moved", reference)
 
 
-def test_6_sigint_saves_like_sigterm_and_sigterm_in_start_up_is_one_line(env, tmp_path):
-    proc = _start(env, tmp_path / "run", "--config.train.num_steps=100000")
-    stopped_at = _until_step(proc)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err and "SIGINT: saving step" in out
-    saved = max(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert saved >= stopped_at
+def test_6_sigterm_in_start_up_is_one_line(env, tmp_path):
     early = _start(env, tmp_path / "early")
     _wait_until_it_catches(early.pid, signal.SIGTERM)  # cli.run's handler: before the config loads
     early.send_signal(signal.SIGTERM)

@@ -4,12 +4,15 @@ One uninterrupted reference run (made once per session and shared with faults_te
 ``tests/commands/tiny_run.py``), then the same command killed with SIGKILL (aimed at an async
 save, and twice between orbax's commit of a step and its seal: at the shipped ``keep`` and at
 ``keep=1``), resumed and stopped with SIGTERM, resumed to the end: its parameters must be
-bit-identical to the reference (CPU, fp32). Two processes with ``jax.distributed`` (gloo) must
-match one; they stop together, with no device collective per step, through JAX's preemption
-sync point: SIGTERM to one process or to both saves the same step on both and exits 0, and the
-run resumes bit-identical to an uninterrupted two-process run; a lease lost by process 0 stops
-both with one line. All runs share a persistent compilation cache so only the first one pays
-for compiling.
+bit-identical to the reference (CPU, fp32); a rerun takes over the lease its killed holder left,
+and a second run is refused while the first holds it. Two processes with ``jax.distributed``
+(gloo) must match one; they stop together, with no device collective per step, through JAX's
+preemption sync point: SIGTERM to one process or to both saves the same step on both and exits
+0, and the run resumes bit-identical to an uninterrupted run on two devices (one process: the
+same two shards of each batch and the same two-term sums, so bit-identical to two processes,
+for a third of their start-up); a lease lost by process 0 stops both with one line. Runs that
+stop with an error before their devices compute run in this process (``tiny_run.call``). All
+runs share a persistent compilation cache so only the first one pays for compiling.
 """
 
 import dataclasses
@@ -33,6 +36,7 @@ from tests.commands import tiny_run as tiny_run_lib
 pytestmark = pytest.mark.xdist_group("main_test")
 REPO, NUM_STEPS = tiny_run_lib.REPO, tiny_run_lib.NUM_STEPS
 _overrides, _command, _run = tiny_run_lib.overrides, tiny_run_lib.command, tiny_run_lib.run
+_call = tiny_run_lib.call
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +109,10 @@ def _wait_for(proc, predicate, timeout=240):
     return False
 
 
-def _killed_between_commit_and_seal(env, workdir, step: int, *extra) -> str:
+def _killed_between_commit_and_seal(env, workdir, step: int, *extra, while_held=None) -> str:
     """Runs the command with ``step``'s seal held (``tests/held_seal.py``) and kills it with
-    SIGKILL there: orbax has committed the step, bertjax has not sealed it. Returns stdout."""
+    SIGKILL there: orbax has committed the step, bertjax has not sealed it. ``while_held(pid)``
+    runs while it is held (the run alive, holding the workdir). Returns stdout and stderr."""
     _, corpus, environ = env
     marker = workdir.parent / f"{workdir.name}-seal-{step}-held"
     marker.unlink(missing_ok=True)
@@ -118,10 +123,27 @@ def _killed_between_commit_and_seal(env, workdir, step: int, *extra) -> str:
     held = _wait_for(proc, marker.exists)
     step_dir = workdir / "checkpoints" / str(step)
     window = step_dir.is_dir() and not (step_dir / "bertjax_manifest.json").exists()
-    proc.send_signal(signal.SIGKILL)
-    out, err = proc.communicate(timeout=60)
+    try:
+        if held and while_held is not None:
+            while_held(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
     assert held and window and proc.returncode == -9, err[-3000:]
-    return out
+    return out + err
+
+
+def _refused(env, workdir):
+    """A second run on ``workdir`` while process ``pid`` holds it: one line naming the holder."""
+
+    def check(pid):
+        result = _call(env, workdir, "--config.optimizer.learning_rate=0.001")
+        assert result.returncode == 1, result.stderr[-3000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("main: error: "), result.stderr[-3000:]
+        assert f"{workdir} is in use by host " in lines[0] and f" pid {pid} since " in lines[0]
+
+    return check
 
 
 def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is_bit_identical(
@@ -130,7 +152,9 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     """The one local kill test of pretraining (gs://: tests/gcs/pretraining_test.py). Each kill
     is aimed: mid-save, then between orbax's commit of a step and its seal at the shipped
     ``keep`` (configs/tiny.py: 2) and at ``keep=1``, where the newest sealed step must survive
-    (``bertjax.training.retention``); then SIGTERM, then the run to its end."""
+    (``bertjax.training.retention``); then SIGTERM, then the run to its end. The first rerun
+    takes over the lease the killed run left; while the second is held, a run of another
+    command line on the workdir is refused naming its holder (faults_test has SIGINT's)."""
     _, corpus, environ = env
     workdir = env[0] / "interrupted"
     ckpt_dir = workdir / "checkpoints"
@@ -146,11 +170,14 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     assert _wait_for(proc, in_save)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    # 2) At the shipped keep: step 2 sealed, step 4 committed but not sealed.
-    _killed_between_commit_and_seal(env, workdir, 4)
+    # 2) At the shipped keep: step 2 sealed, step 4 committed but not sealed. The killed run's
+    # lease is still there: this run takes it over (its holder's pid is dead).
+    out = _killed_between_commit_and_seal(env, workdir, 4)
+    assert f"taking over the lease of {workdir} from host " in out, out[-3000:]
     # 3) keep=1: the rerun restores step 2, saves and seals 4 (which lets 2 go), and is killed
     # with 6 committed but not sealed. Step 4 must still be there and verify.
-    out = _killed_between_commit_and_seal(env, workdir, 6, "--config.checkpoint.keep=1")
+    out = _killed_between_commit_and_seal(env, workdir, 6, "--config.checkpoint.keep=1",
+                                          while_held=_refused(env, workdir))  # fmt: skip
     assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in out, out
     assert f"restored step 2 from {ckpt_dir}" in out, out
     # 4) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
@@ -186,6 +213,7 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     flat = lambda tree: {k: v for k, v in _flatten(tree)}
     for key, value in flat(want).items():
         np.testing.assert_array_equal(flat(got)[key], value, err_msg=key)
+    assert not (workdir / lease.LEASE_FILE).exists()  # released at the end
 
 
 def _flatten(tree, prefix=""):
@@ -222,20 +250,14 @@ def _finish(procs, timeout=400) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def two_process_reference(env):
-    workdir = env[0] / "multihost"
-    outputs = _finish(_two_processes(env, workdir, NO_EVAL))
-    return workdir, outputs
-
-
-def test_two_processes_match_one(two_process_reference, reference):
-    workdir, outputs = two_process_reference
-    for _, err in outputs:
-        assert "Traceback" not in err, err[-3000:]
-    got, *_ = workdir_lib.latest_params(workdir)
-    want, *_ = workdir_lib.latest_params(reference[0])
-    for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+def two_device_reference(env):
+    """An uninterrupted run on two devices of one process: what two processes compute."""
+    root, corpus, environ = env
+    environ = dict(environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    workdir = root / "two_devices"
+    result = _run((root, corpus, environ), workdir, NO_EVAL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir
 
 
 def _signal_after_first_step(procs, targets, signum=signal.SIGTERM) -> str:
@@ -268,8 +290,10 @@ NO_EVAL = "--config.train.eval_every=0"  # the multi-process runs test stopping,
 
 
 def test_sigterm_to_one_process_saves_one_step_on_both_and_resumes_bit_exact(
-    env, two_process_reference
+    env, two_device_reference, reference
 ):
+    """Stopped by SIGTERM to process 1 only, resumed to the end: bit-identical to an uninterrupted
+    run on two devices, and within float32 rounding of one device's (two processes match one)."""
     workdir = env[0] / "preempted"
     procs = _two_processes(env, workdir, SLOW_STEPS, NO_EVAL)
     stdout = _signal_after_first_step(procs, targets=[1])
@@ -278,13 +302,19 @@ def test_sigterm_to_one_process_saves_one_step_on_both_and_resumes_bit_exact(
         assert p.returncode == 0, err[-3000:]
     stopped = _saved_step(stdout, workdir)
     assert 1 <= stopped < NUM_STEPS and "final summary" not in stdout
-    outputs = _finish(_two_processes(env, workdir, NO_EVAL))  # resume to the end
-    for (out, err), process in zip(outputs, range(2), strict=True):
+    procs = _two_processes(env, workdir, NO_EVAL)  # resume to the end
+    outputs = _finish(procs)
+    for p, (out, err), process in zip(procs, outputs, range(2), strict=True):
+        assert p.returncode == 0 and "Traceback" not in err, (process, err[-3000:])
         assert f"restored step {stopped} " in out + err, (process, err[-3000:])
+    assert "final summary" in outputs[0][0]
     got, *_ = workdir_lib.latest_params(workdir)
-    want, *_ = workdir_lib.latest_params(two_process_reference[0])
+    want, *_ = workdir_lib.latest_params(two_device_reference)
     for (key, a), (_, b) in zip(_flatten(got), _flatten(want), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=key)
+    one, *_ = workdir_lib.latest_params(reference[0])
+    for (key, a), (_, b) in zip(_flatten(got), _flatten(one), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_sigterm_to_both_processes_saves_one_step_and_exits_0(env):
@@ -328,16 +358,17 @@ def test_a_lost_lease_stops_both_processes_with_one_line(env):
 
 
 def test_bad_config_is_one_line_error(env):
-    result = _run(env, env[0] / "bad", "--config.data.max_seq_length=64", timeout=120)
+    result = _call(env, env[0] / "bad", "--config.data.max_seq_length=64")
     assert result.returncode == 1
     assert "error: config.data.max_seq_length=64 exceeds" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
-    # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows.
+def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env, fast_compiles):
+    # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows. In this
+    # process (8 fake devices, XLA at -O0 as the subprocesses): two steps, no start-up of its own.
     workdir = env[0] / "nan"
-    result = _run(
+    result = _call(
         env,
         workdir,
         "--config.optimizer.learning_rate=1e30",
@@ -350,30 +381,70 @@ def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
     assert steps == [], steps  # step 2 (a checkpoint step) was not saved
 
 
-# The TPU kernel (interpret mode on CPU) with its output scaled: wrong by 2%.
-_WRONG_KERNEL = """
+# Both runs of the self-check test, in one process (a start-up saved): the kernel as it is, then
+# the TPU kernel (interpret mode on CPU) with its output scaled, wrong by 2%. Before each, what a
+# fresh process starts with: no check run (kernel_check's outcomes) and no trace of the kernel.
+# Each run's stdout and stderr (what Python writes: the warning and the step lines are prints).
+_SELF_CHECK = """
+import contextlib, io, json, sys
+import jax
+from absl import flags
+from bertjax import cli, main
 from bertjax.model.attention import tpu
+from bertjax.training import kernel_check
 _flash_attention = tpu.flash_attention
-tpu.flash_attention = lambda *args, **kwargs: _flash_attention(*args, **kwargs) * 1.02
+runs, results = json.loads(sys.argv[1]), []
+baseline = set(flags.FLAGS)
+for wrong, argv in runs:
+    for name in set(flags.FLAGS) - baseline:  # the last run's --config.KEY flags
+        delattr(flags.FLAGS, name)
+    kernel_check._outcomes.clear()
+    kernel_check._decisions.clear()
+    jax.clear_caches()
+    tpu.flash_attention = (
+        (lambda *args, **kwargs: _flash_attention(*args, **kwargs) * 1.02) if wrong
+        else _flash_attention
+    )
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = argv  # ml_collections finds the --config.KEY overrides in sys.argv
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        cli.parse_flags(argv, prog="main")
+        code = cli.call(main._train, flags.FLAGS, errors=(ValueError, FloatingPointError),
+                        prog="main")
+    flags.FLAGS.unparse_flags()
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
 """
 
 
+@pytest.fixture(scope="module")
+def self_check_runs(env):
+    """--config.model.attention_impl=fused, 2 steps, with the kernel as it is and with a wrong
+    one: {wrong: (workdir, exit status, stdout, stderr)}."""
+    _, corpus, environ = env
+    runs = {}
+    for wrong in (False, True):
+        workdir = env[0] / f"self_check_{wrong}"
+        command = _command(corpus, workdir, "--config.model.attention_impl=fused",
+                           "--config.train.num_steps=2", "--config.train.eval_every=0")  # fmt: skip
+        runs[wrong] = (workdir, command[2:])
+    plan = json.dumps([(wrong, argv) for wrong, (_, argv) in runs.items()])
+    result = subprocess.run([sys.executable, "-c", _SELF_CHECK, plan], env=environ, cwd=REPO,
+                            capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    found = zip(runs.items(), results, strict=True)
+    return {wrong: (workdir, *result) for (wrong, (workdir, _)), result in found}
+
+
 @pytest.mark.parametrize("wrong", [True, False], ids=["wrong_kernel", "kernel"])
-def test_attention_self_check_falls_back_to_xla_with_one_line_and_a_record(env, wrong):
+def test_attention_self_check_falls_back_to_xla_with_one_line_and_a_record(self_check_runs, wrong):
     """--config.model.attention_impl=fused: a wrong kernel makes the run use 'xla' (one warning
     line naming the largest difference, written down in the workdir's record); the kernel as it
     is passes and the run uses it."""
-    _, corpus, environ = env
-    workdir = env[0] / f"self_check_{wrong}"
-    command = _command(corpus, workdir, "--config.model.attention_impl=fused",
-                       "--config.train.num_steps=2", "--config.train.eval_every=0")  # fmt: skip
-    script = (_WRONG_KERNEL if wrong else "") + (
-        f"import sys\nsys.argv = {command[2:]!r}\nfrom bertjax import main\nmain.main()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], env=environ, cwd=REPO,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
+    workdir, code, stdout, stderr = self_check_runs[wrong]
+    assert code == 0, stderr[-3000:]
+    output = stdout + stderr
     warnings = [line for line in output.splitlines() if "attention self-check" in line]
     record = json.loads((workdir / workdir_lib.META_FILE).read_text())["attention_check"]
     if wrong:
@@ -386,4 +457,4 @@ def test_attention_self_check_falls_back_to_xla_with_one_line_and_a_record(env, 
     assert record["kernel"] == "tpu_interpret" and record["head_dim"] == 16
     # Checked at the run's shapes: L = 32; the gathered last layer's [CLS] + 5 masked positions.
     assert (record["length"], record["queries"], record["packed"]) == (32, 6, 0)
-    assert len([line for line in result.stdout.splitlines() if line.startswith("step ")]) == 2
+    assert len([line for line in stdout.splitlines() if line.startswith("step ")]) == 2

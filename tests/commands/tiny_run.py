@@ -7,12 +7,19 @@ reference (a workdir, its stdout and stderr) is what their interrupted, damaged 
 must end bit-identical to. :func:`shared` builds it under a file lock in the directory every
 worker of the session shares; a worker that finds it built reuses it. Tests copy the reference
 workdir before they change anything in it.
+
+A run refused before its devices compute anything (a bad config, a workdir in use, a vocab or
+model that does not fit, no checkpoint that verifies) is checked in the test's own process with
+:func:`call`: the command's flags and its ``_train`` under ``bertjax.cli.call``, as
+``bertjax.main`` runs them, without a start-up of its own (about 8 s of CPU each).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
+import io
 import os
 import pathlib
 import subprocess
@@ -54,6 +61,34 @@ def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
     _, corpus, environ = env
     return subprocess.run(command(corpus, workdir, *extra), env=environ, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def call(env, workdir, *extra) -> subprocess.CompletedProcess:
+    """:func:`run`'s command in this process, for a run that stops with an error before its
+    devices compute anything: ``bertjax.main``'s flags parsed by ``cli.parse_flags`` and its
+    ``_train`` under ``cli.call`` with the errors ``main.main`` reports (one line, exit 1);
+    stdout and stderr captured. The devices are this process's (8 fake CPU devices)."""
+    from absl import flags  # noqa: PLC0415 - imported by the tests that call, not at collection
+
+    from bertjax import cli, main  # noqa: PLC0415
+
+    argv = command(env[1], workdir, *extra)[2:]
+    out, err = io.StringIO(), io.StringIO()
+    saved_argv, baseline = sys.argv, set(flags.FLAGS)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            sys.argv = argv  # ml_collections finds the --config.KEY overrides in sys.argv
+            cli.parse_flags(argv, prog="main")
+            code = cli.call(main._train, flags.FLAGS, errors=(ValueError, FloatingPointError),
+                            prog="main")  # fmt: skip
+        except SystemExit as e:  # a bad flag: parse_flags's one line
+            code = e.code
+        finally:
+            sys.argv = saved_argv
+            for name in set(flags.FLAGS) - baseline:  # its --config.KEY flags: defined per parse
+                delattr(flags.FLAGS, name)
+            flags.FLAGS.unparse_flags()
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def environ(root: pathlib.Path, *, platform_hints: bool = False) -> dict:
