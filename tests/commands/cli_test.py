@@ -2,9 +2,8 @@
 ``<command>: error: <message>`` on stderr, exit status 1, nothing written (``bertjax.cli``).
 
 The real commands run in an empty directory each, all of them in one subprocess
-(:data:`PROBE`: absl's flags are reset between runs, and each run is its module run as
-``__main__``, as ``python -m`` runs it; an exception that escapes prints its traceback and exits
-1, as the interpreter does): each fails while absl parses its flags, before TensorFlow is
+(:data:`PROBE`, each run its module run as ``__main__`` by ``tests.commands.in_process``, as
+``python -m`` runs it): each fails while absl parses its flags, before TensorFlow is
 imported or JAX computes anything. One process instead of one per case saves a start-up each
 (~40 of them).
 """
@@ -70,32 +69,18 @@ CONFIG_FILES = {
 
 
 PROBE = """
-import contextlib, io, json, os, runpy, sys, traceback
-from absl import app, flags
-app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-baseline = set(flags.FLAGS)
+import json, os, sys
+from tests.commands.in_process import run_module
 runs, results_path = json.load(open(sys.argv[1])), sys.argv[2]
 results = []
 for run in runs:
-    for name in set(flags.FLAGS) - baseline:  # the last run's flags
-        delattr(flags.FLAGS, name)
-    flags.FLAGS.unparse_flags()
     saved = dict(os.environ)
     os.environ.update(run["env"])
     os.chdir(run["cwd"])
-    sys.argv = [run["module"], *run["argv"]]
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_module(run["module"], run_name="__main__", alter_sys=True)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:  # what the interpreter does with an exception that escapes
-            traceback.print_exc()
-            code = 1
+    done = run_module(run["module"], *run["argv"], process_setup=True)
     os.environ.clear()
     os.environ.update(saved)
-    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(),
+    results.append({"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
                     "tensorflow": "tensorflow" in sys.modules})
 json.dump(results, open(results_path, "w"))
 """

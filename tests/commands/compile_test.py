@@ -5,15 +5,12 @@ flash kernel present in the TPU program (and absent with attention_impl='xla'), 
 errors for a config that cannot fit (a fresh ``python -m`` process: nothing else on its stderr,
 libtpu's start-up lines included), an unknown topology and an indivisible parameter.
 
-The command runs in this process where it can (:func:`_command`, as tests/commands/cli_test.py's
-probe runs the commands): libtpu is loaded here already, and each process start cost a
-start-up and a compile of its own."""
+The command runs in this process where it can (:func:`_command`, ``tests.commands.in_process``):
+libtpu is loaded here already, and each process start cost a start-up and a compile of its own."""
 
 import functools
 import json
 import pathlib
-import runpy
-import signal
 import subprocess
 import sys
 
@@ -22,6 +19,7 @@ import pytest
 
 from bertjax.pretrain import compile_for_slice
 from bertjax.training import compile_report
+from tests.commands import in_process
 
 REPO = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(REPO / "configs"))
@@ -36,32 +34,12 @@ def _config(**model):
     return config.lock()
 
 
-def _command(monkeypatch, capfd, *args) -> tuple[int, str, str]:
+def _command(*args) -> tuple[int, str, str]:
     """``python -m bertjax.compile --config=configs/tiny.py ARGS`` in this process -> (exit
-    status, stdout, stderr): the module run as ``__main__``, absl's flags reset after it, as
-    tests/commands/cli_test.py's probe runs the commands. absl's once-a-process set-up (the
-    process name, its log handler, faulthandler) is not redone in the test process; stdout and
-    stderr are captured at the file descriptors, so libtpu's own lines would show."""
-    from absl import app, flags
-
-    app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-    baseline = set(flags.FLAGS)
-    monkeypatch.setattr(app._run_init, "done", True)
-    monkeypatch.setattr(sys, "argv", ["bertjax.compile", f"--config={REPO}/configs/tiny.py", *args])
-    sigterm = signal.getsignal(signal.SIGTERM)  # cli.run installs its own
-    capfd.readouterr()
-    try:
-        runpy.run_module("bertjax.compile", run_name="__main__", alter_sys=True)
-        raise AssertionError("bertjax.compile returned without sys.exit")
-    except SystemExit as e:
-        code = e.code
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-        for name in set(flags.FLAGS) - baseline:
-            delattr(flags.FLAGS, name)
-        flags.FLAGS.unparse_flags()
-    out, err = capfd.readouterr()
-    return code, out, err
+    status, stdout, stderr) (``tests.commands.in_process``: stdout and stderr captured at the file
+    descriptors, so libtpu's own lines would show)."""
+    done = in_process.run_module("bertjax.compile", f"--config={REPO}/configs/tiny.py", *args)
+    return done.returncode, done.stdout, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -72,11 +50,11 @@ def _command(monkeypatch, capfd, *args) -> tuple[int, str, str]:
         ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),  # vocab split over tensor
     ],
 )
-def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model, monkeypatch, capfd):
+def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
     if not model:  # the command's --json: the documented keys, and the report as compile_for's
         shape = ",".join(map(str, mesh_shape))
         flags = [f"--config.mesh.shape={shape}", "--config.train.eval_every=0"]
-        code, out, err = _command(monkeypatch, capfd, "--topology=v5e:2x2", "--json", *flags)
+        code, out, err = _command("--topology=v5e:2x2", "--json", *flags)
         assert code == 0, err[-2000:]
         (line,) = out.splitlines()
         report = json.loads(line)
@@ -188,12 +166,12 @@ def test_config_that_cannot_fit_is_one_line_with_advice():
     assert "a v5e chip has 15.75 GiB" in line and "--config.mesh.shape=1,4,1 (FSDP" in line
 
 
-def test_unknown_topology_and_indivisible_vocab_are_one_line_errors(monkeypatch, capfd):
-    code, out, err = _command(monkeypatch, capfd, "--topology=v5litepod-6")
+def test_unknown_topology_and_indivisible_vocab_are_one_line_errors():
+    code, out, err = _command("--topology=v5litepod-6")
     assert code == 1 and out == "" and err.count("\n") == 1, err
     assert "unknown TPU topology 'v5litepod-6'; known: v4-8," in err
     # vocab 7633 over tensor=2
-    code, out, err = _command(monkeypatch, capfd, "--topology=v5e:2x2", "--config.mesh.shape=2,1,2")
+    code, out, err = _command("--topology=v5e:2x2", "--config.mesh.shape=2,1,2")
     assert code == 1 and out == "" and err.count("\n") == 1, err
     assert err.startswith("compile: error: ")
     assert "not divisible by the 2 shards of mesh axes ('tensor',)" in err

@@ -3,9 +3,9 @@
 A tiny randomly initialised bertjax checkpoint (MiniLM's 30,522-entry vocab) stands in for a
 pretrained model; these tests check plumbing and output formats, learning_test.py checks that
 learning happens. The command's checks run ``bertjax.finetune`` as ``__main__`` in the test's
-process (:func:`command_here`: absl's flags, one-line errors, a start-up saved each), except the
-kill test's runs, which must be processes; its uninterrupted reference run is also the STS-B
-end-to-end check. The sweep's table is checked in inputs_test.py, with its resume.
+process (``tests.commands.in_process``: absl's flags, one-line errors, a start-up saved each),
+except the kill test's runs, which must be processes; its uninterrupted reference run is also
+the STS-B end-to-end check. The sweep's table is checked in inputs_test.py, with its resume.
 """
 
 import importlib.util
@@ -26,6 +26,7 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint
 from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
+from tests.commands import in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures(
@@ -189,42 +190,9 @@ def _cli(config: str, *flags: str, env=None) -> subprocess.CompletedProcess:
     )
 
 
-def command_here(module: str, *argv: str) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGV...`` run in this process, as ``python -m`` runs it (the module as
-    ``__main__``: absl parses the flags, ``bertjax.cli`` reports errors; a start-up of imports
-    saved): its exit status, stdout and stderr. absl's flags, the SIGTERM handler and absl's
-    verbosity are put back afterwards."""
-    import contextlib
-    import io
-    import runpy
-    import signal
-
-    from absl import app, flags
-    from absl import logging as absl_logging
-
-    app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-    baseline, handler = set(flags.FLAGS), signal.getsignal(signal.SIGTERM)
-    verbosity, argv0 = absl_logging.get_verbosity(), sys.argv
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    sys.argv = [module, *argv]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv0
-        for name in set(flags.FLAGS) - baseline:  # the command's own flags
-            delattr(flags.FLAGS, name)
-        flags.FLAGS.unparse_flags()
-        signal.signal(signal.SIGTERM, handler)
-        absl_logging.set_verbosity(verbosity)
-    return subprocess.CompletedProcess([module, *argv], code, out.getvalue(), err.getvalue())
-
-
 def _finetune_here(config: str, *flags: str) -> subprocess.CompletedProcess:
-    """:func:`_cli`'s command, in this process (:func:`command_here`)."""
-    return command_here("bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags)
+    """:func:`_cli`'s command, in this process (``tests.commands.in_process``)."""
+    return in_process.run_module("bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags)
 
 
 def _one_device_env(tmp_path) -> dict:

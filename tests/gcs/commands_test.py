@@ -8,8 +8,8 @@ writes or prints with local paths (run here, in-process).
 
 The gs:// runs share one process in the namespace (:data:`PROBE`, the ``runs`` fixture): each is
 its command module run as ``__main__``, as ``python -m`` runs it, with absl's flags reset between
-runs and its own stdout and stderr (file descriptors 1 and 2; :data:`RUN_MODULE`), as
-tests/commands/cli_test.py runs the commands; the objects are listed at the end, in the same
+runs and its own stdout and stderr (file descriptors 1 and 2; :data:`RUN_MODULE`,
+``tests.commands.in_process``); the objects are listed at the end, in the same
 process. A start-up each (~7 s of imports) saved on seven runs.
 """
 
@@ -61,37 +61,13 @@ def local_records(gcs_data, tmp_path_factory):
 
 
 RUN_MODULE = """
-import os, runpy, sys, tempfile, traceback
-from absl import app, flags
-
-app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-baseline = set(flags.FLAGS)
+from tests.commands.in_process import run_module as _run_module
 
 
 def run_module(module, argv):
     \"\"\"``python -m bertjax.<module> argv``, here -> {code, stdout, stderr}.\"\"\"
-    for name in set(flags.FLAGS) - baseline:  # the last run's flags
-        delattr(flags.FLAGS, name)
-    flags.FLAGS.unparse_flags()
-    sys.argv = [module, *argv]
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    sys.stdout.flush(), sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
-    try:
-        runpy.run_module(f"bertjax.{module}", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # what the interpreter does with an exception that escapes
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-        os.close(saved[0]), os.close(saved[1])
-    out.seek(0), err.seek(0)
-    return {"code": code, "stdout": out.read().decode(), "stderr": err.read().decode()}
+    done = _run_module(f"bertjax.{module}", *argv, process_setup=True)
+    return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 """
 PROBE = (
     """  # the runs' JSON file, the results' JSON file

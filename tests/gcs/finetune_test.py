@@ -15,8 +15,8 @@ a checkpoint every 2, dropout on) from ``gcs_hf``, the tiny model as a HF direct
    predictions;
 4. a gs:// ``data_dir`` without the task's files is one line naming the gs:// file.
 
-3 and 4 run in one process (``COMMANDS``: the command run as ``__main__`` twice, absl's flags
-reset between), a start-up saved.
+3 and 4 run in one process (``COMMANDS``: the command run as ``__main__`` twice by
+``tests.commands.in_process``), a start-up saved.
 """
 
 import dataclasses
@@ -148,29 +148,13 @@ def _wait_for_hold(gcs, mark, proc, timeout=240):
 # start-up saved per run): absl's flags reset between runs, each run the module as ``__main__``;
 # its exit status and what it wrote to file descriptors 1 and 2 (C++ logs too) as JSON lines.
 COMMANDS = """
-import json, os, runpy, sys, tempfile
-from absl import app, flags
-app.define_help_flags()  # absl defines them once, at the first app.run: keep them
-baseline = set(flags.FLAGS)
+import json, os, sys
+from tests.commands.in_process import run_module
 real = os.dup(1)
 for argv in json.loads(sys.argv[1]):
-    for name in set(flags.FLAGS) - baseline:  # the last run's flags
-        delattr(flags.FLAGS, name)
-    flags.FLAGS.unparse_flags()
-    sys.argv = argv
-    files, saved = [tempfile.TemporaryFile() for _ in "12"], [os.dup(1), os.dup(2)]
-    for fd, f in zip((1, 2), files):
-        os.dup2(f.fileno(), fd)
-    try:
-        runpy.run_module("bertjax.finetune", run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    sys.stdout.flush(); sys.stderr.flush()
-    for fd, old in zip((1, 2), saved):
-        os.dup2(old, fd)
-    out, err = (f.seek(0) or f.read().decode() for f in files)
-    os.write(real, (json.dumps({"code": code, "stdout": out, "stderr": err}) + "\\n").encode())
+    done = run_module(argv[0], *argv[1:], process_setup=True)
+    result = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    os.write(real, (json.dumps(result) + "\\n").encode())
 """
 
 

@@ -2,7 +2,7 @@
 
 Three small random checkpoints continue pretraining for a few steps through the real command
 (``bertjax.main`` run as ``__main__`` in the test's process, its flags parsed by absl, as
-``python -m`` runs it: ``tests.finetune.loop_test.command_here``) with ``configs/tiny.py`` and
+``python -m`` runs it: ``tests.commands.in_process``) with ``configs/tiny.py`` and
 no model or vocab flag (the architecture, vocab and casing come from the
 checkpoint): a HF ``BertForPreTraining`` directory, a HF ``BertModel`` directory (fresh MLM and
 NSP heads) and Google's TF1 layout of the same ``BertForPreTraining``. References: HF PyTorch's
@@ -31,9 +31,8 @@ from bertjax.pretrain import continued, inputs
 from bertjax.pretrain import objective as objective_lib
 from bertjax.training import init_record
 from bertjax.training import workdir as workdir_lib
-from tests.commands import tiny_run
+from tests.commands import in_process, tiny_run
 from tests.finetune.inputs_test import _sigterm_at_step
-from tests.finetune.loop_test import command_here
 from tests.interop import references
 from tests.interop.tf1_test import write_tf1_checkpoint
 
@@ -70,12 +69,12 @@ def env(tmp_path_factory) -> pathlib.Path:
 def _main(env, checkpoint, workdir, *extra, config=None, steps=STEPS):
     """``python -m bertjax.main`` on ``checkpoint`` with tiny.py's config (reading the corpus
     slice) or ``config``, for ``steps`` steps (one save, at the end), run in this process
-    (``command_here``: the module as ``__main__``, a start-up of imports saved): a
+    (``in_process.run_module``: the module as ``__main__``, a start-up of imports saved): a
     CompletedProcess."""
     values = {**TRAIN_FLAGS, "train.num_steps": steps, "checkpoint.every_steps": steps}
     flags = [f"--config.{k}={v}" for k, v in values.items()]
     config = config or env / "test_config.py"
-    return command_here("bertjax.main", f"--config={config}",
+    return in_process.run_module("bertjax.main", f"--config={config}",
                         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
                         *flags, *extra)  # fmt: skip
 
