@@ -19,15 +19,19 @@ from bertjax.model.encoder import stack_layers, unstack_layers
 from bertjax.model.heads import BertModel
 from tests.model.sizes import config_for_size, count_params
 
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny models: compiling is the cost
+
 TINY = BertConfig(vocab_size=13, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=12,
                   max_position_embeddings=10, type_vocab_size=2)  # fmt: skip
 
 
 def _inputs(batch=2, length=6, vocab=13, seed=0):
+    """numpy ids, segments, mask: edited and compared on the host (each eager jnp op on a new
+    shape would compile on its own)."""
     rng = np.random.default_rng(seed)
-    ids = jnp.asarray(rng.integers(1, vocab, (batch, length)), jnp.int32)
-    segments = jnp.asarray(np.arange(length)[None].repeat(batch, 0) >= length // 2, jnp.int32)
-    return ids, segments, jnp.ones((batch, length), jnp.int32)
+    ids = rng.integers(1, vocab, (batch, length)).astype(np.int32)
+    segments = (np.arange(length)[None].repeat(batch, 0) >= length // 2).astype(np.int32)
+    return ids, segments, np.ones((batch, length), np.int32)
 
 
 def _init(cfg: BertConfig, cls=BertModel, seed=0) -> dict:
@@ -162,18 +166,22 @@ def test_causal_attention_is_causal():
     cfg = TINY.replace(attention="causal")
     params = _init(cfg)
     ids, segments, mask = _inputs(batch=1, length=8)
-    ref = _apply(cfg, params, ids, segments, mask).sequence_output
+    ref = np.asarray(_apply(cfg, params, ids, segments, mask).sequence_output)
     for j in (2, 5, 7):
-        changed = _apply(cfg, params, ids.at[0, j].set((ids[0, j] % 12) + 1), segments,
-                         mask).sequence_output  # fmt: skip
+        changed = np.asarray(_apply(cfg, params, _changed(ids, j), segments, mask).sequence_output)
         np.testing.assert_array_equal(changed[:, :j], ref[:, :j])
         assert np.abs(changed[:, j:] - ref[:, j:]).max() > 1e-4  # position j itself does see it
-    new_token = (ids[0, 5] % 12) + 1
-    bidirectional = _apply(
-        TINY, params, ids.at[0, 5].set(new_token), segments, mask
-    ).sequence_output
-    assert np.abs(bidirectional[:, :5] - _apply(TINY, params, ids, segments, mask)
-                  .sequence_output[:, :5]).max() > 1e-4  # fmt: skip
+    bidirectional = np.asarray(_apply(TINY, params, _changed(ids, 5), segments, mask)
+                               .sequence_output)  # fmt: skip
+    assert np.abs(bidirectional[:, :5] - np.asarray(_apply(TINY, params, ids, segments, mask)
+                  .sequence_output)[:, :5]).max() > 1e-4  # fmt: skip
+
+
+def _changed(ids, j):
+    """``ids`` with row 0's token at ``j`` replaced by another."""
+    ids = ids.copy()
+    ids[0, j] = (ids[0, j] % 12) + 1
+    return ids
 
 
 def test_causal_attention_matches_hf_decoder(tmp_path):
@@ -185,7 +193,8 @@ def test_causal_attention_matches_hf_decoder(tmp_path):
     conv = formats.load(str(tmp_path), do_lower_case=True)
     assert conv.config.attention == "causal"
     ids, segments, mask = _inputs(batch=2, length=6)
-    mask = mask.at[0, 4:].set(0)
+    mask = mask.copy()
+    mask[0, 4:] = 0
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor(np.asarray(ids), dtype=torch.long),
                        token_type_ids=torch.tensor(np.asarray(segments), dtype=torch.long),
@@ -201,14 +210,15 @@ def test_padding_is_ignored():
     params = _init(TINY)
     ids, segments, _ = _inputs(batch=1, length=8)
     real = 5
-    mask = jnp.asarray(np.arange(8)[None] < real, jnp.int32)
+    mask = (np.arange(8)[None] < real).astype(np.int32)
     alone = _apply(TINY, params, ids[:, :real], segments[:, :real], mask[:, :real])
     for seed in (1, 2):
-        junk = jnp.asarray(np.random.default_rng(seed).integers(0, 13, (1, 8)), jnp.int32)
-        padded_ids = jnp.where(mask == 1, ids, junk)
-        padded_segments = jnp.where(mask == 1, segments, junk % 2)
+        junk = np.random.default_rng(seed).integers(0, 13, (1, 8)).astype(np.int32)
+        padded_ids = np.where(mask == 1, ids, junk)
+        padded_segments = np.where(mask == 1, segments, junk % 2)
         out = _apply(TINY, params, padded_ids, padded_segments, mask)
-        np.testing.assert_allclose(out.sequence_output[:, :real], alone.sequence_output, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(out.sequence_output)[:, :real],
+                                   alone.sequence_output, atol=1e-6)  # fmt: skip
         np.testing.assert_allclose(out.pooled_output, alone.pooled_output, atol=1e-6)
 
 

@@ -3,6 +3,8 @@ direct numpy transcription of the MLM head (gather -> dense -> GELU -> LayerNorm
 The BERT-base-size parity is in tests/interop/hf_test.py.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from flax import linen as nn
 
 from bertjax.interop import formats
 from bertjax.model.config import BertConfig
+from bertjax.model.encoder import stack_layers
 from bertjax.model.heads import BertForPreTraining, BertModel, MaskedLMHead
 from tests.model.sizes import config_for_size, count_params
 
@@ -65,6 +68,22 @@ def test_pretraining_logits_match_hf(tmp_path, hidden_act, gather_last_layer):
     assert mlm <= 1e-5 and nsp <= 1e-5
 
 
+GATHERED_CFG = BertConfig(vocab_size=40, hidden_size=16, num_layers=3, num_heads=4,
+                          intermediate_size=32, max_position_embeddings=16)  # fmt: skip
+GATHERED_POSITIONS = np.array([[1, 4, 8, 4], [2, 3, 6, 0]], np.int32)
+GATHERED_WEIGHTS = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+
+
+@functools.cache
+def _gathered_params():
+    """GATHERED_CFG's unscanned params, as numpy: drawn once (jitted: eagerly, each op of the
+    initialiser would compile on its own) for every case of the test below."""
+    ids, segments, mask, _ = pretraining_inputs()
+    init = jax.jit(BertForPreTraining(GATHERED_CFG).init)
+    params = init(jax.random.key(0), ids, segments, mask, GATHERED_POSITIONS)["params"]
+    return jax.tree.map(np.asarray, jax.device_get(nn.unbox(params)))
+
+
 @pytest.mark.parametrize(
     "attention,scan_layers,remat_policy",
     [("bidirectional", False, "none"), ("causal", False, "full"), ("bidirectional", True, "dots")],
@@ -75,17 +94,17 @@ def test_gathered_last_layer_gives_the_full_model_loss_and_gradients(
     """The last layer at [CLS] + the masked positions only (the default) against the same model
     run at every position: same logits, and the same gradient for every parameter, including
     a causal mask (each query keeps its own row) and repeated/padding positions (0)."""
-    cfg = BertConfig(vocab_size=40, hidden_size=16, num_layers=3, num_heads=4,
-                           intermediate_size=32, max_position_embeddings=16, attention=attention,
-                           scan_layers=scan_layers, remat_policy=remat_policy)  # fmt: skip
+    cfg = GATHERED_CFG.replace(attention=attention, scan_layers=scan_layers,
+                               remat_policy=remat_policy)  # fmt: skip
     ids, segments, mask, _ = pretraining_inputs()
-    positions = np.array([[1, 4, 8, 4], [2, 3, 6, 0]], np.int32)
-    weights = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+    positions, weights = GATHERED_POSITIONS, GATHERED_WEIGHTS
     gathered, full = (
         BertForPreTraining(cfg),
         BertForPreTraining(cfg.replace(gather_last_layer=False)),
     )
-    params = gathered.init(jax.random.key(0), ids, segments, mask, positions)["params"]
+    params = _gathered_params()  # attention and remat leave the tree as it is
+    if scan_layers:
+        params = {**params, "encoder": stack_layers(params["encoder"], cfg.num_layers)}
 
     def loss_and_grads(module):
         def loss(params):
@@ -155,7 +174,8 @@ def test_mlm_head_matches_numpy_transcription():
         jax.eval_shape(lambda k: head.init(k, sequence, positions, decoder), jax.random.key(0))
     )
     params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params["params"])
-    got = np.asarray(head.apply({"params": params}, sequence, positions, decoder))
+    apply = jax.jit(lambda p: head.apply({"params": p}, sequence, positions, decoder))
+    got = np.asarray(apply(params))
     gathered = sequence[np.arange(2)[:, None], positions]
     h = gathered @ params["transform"]["kernel"] + params["transform"]["bias"]
     h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))

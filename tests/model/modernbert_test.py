@@ -5,6 +5,10 @@ position, for sequences longer than the local window (global layers 0 and 3 of 5
 4), padded batches, packed rows (each instance against itself run alone), the gathered last
 layer, and configs with and without biases. The HF -> bertjax -> HF round trip is bit-exact."""
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -49,17 +53,25 @@ def _bertjax(hf_model, name="test"):
 
 
 def _run(cfg, params, ids, mask, positions=None, output_positions=None):
+    """(encoder outputs, numpy logits), in one jitted program per config and shapes: eagerly,
+    each op (and each layer's attention kernel) would compile on its own."""
+    states, logits = _jitted_run(cfg, params, ids, mask, positions, output_positions)
+    return states, np.asarray(logits)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jitted_run(cfg, params, ids, mask, positions, output_positions):
     model = heads.BertForMaskedLM(cfg)
     encoder = heads.BertEncoder(cfg)
-    segment_ids = np.zeros_like(ids)
+    segment_ids = jnp.zeros_like(ids)
     states = encoder.apply({"params": params["encoder"]}, ids, segment_ids, mask,
                            output_hidden_states=output_positions is None, positions=positions,
                            output_positions=output_positions)  # fmt: skip
     at = output_positions
     if at is None:
-        at = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
+        at = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
     logits = model.apply({"params": params}, ids, segment_ids, mask, at, positions=positions)
-    return states, np.asarray(logits)
+    return states, logits
 
 
 def _batch(seed=1, batch=3, lengths=(LENGTH, 29, 11)):
@@ -212,8 +224,6 @@ def test_a_train_step_on_a_2x2x2_mesh_equals_one_device():
 def test_the_sizes_have_their_published_parameter_counts(name):
     """Encoder + MLM head (HF's ModernBertForMaskedLM, decoder tied), counted from the shapes:
     within 5% of the name's rounded count (ModernBERT-base 149M and -large 395M, as published)."""
-    import jax  # noqa: PLC0415
-
     from bertjax.model.config import MODERN_SIZES  # noqa: PLC0415
 
     cfg = BertConfig(**MODERN_SIZES[name])

@@ -9,6 +9,8 @@ positions restarting, masked positions shifted to row positions), independent of
 every instance the same hidden states, and the train step the same loss and gradients.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,11 +115,14 @@ def _packed(instances, packs=PACKS) -> dict:
     return batch
 
 
-def _params(cfg, seed=0):
-    ids = jnp.zeros((1, LENGTH), jnp.int32)
-    positions = jnp.zeros((1, PREDICTIONS), jnp.int32)
-    init = jax.jit(lambda key: BertForPreTraining(cfg).init(key, ids, ids, ids, positions))
-    return init(jax.random.key(seed))["params"]
+@functools.cache
+def _params(seed=0):
+    """Params of ``_config()``, drawn once for every test here: ``attention`` and
+    ``gather_last_layer`` leave the tree as it is."""
+    ids = np.zeros((1, LENGTH), np.int32)
+    positions = np.zeros((1, PREDICTIONS), np.int32)
+    init = jax.jit(lambda key: BertForPreTraining(_config()).init(key, ids, ids, ids, positions))
+    return jax.device_get(init(jax.random.key(seed))["params"])
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "causal"])
@@ -125,16 +130,24 @@ def test_each_packed_instance_gets_its_hidden_states_alone(attention):
     """Encoder + pooler: every instance's token states in a packed row equal the same instance
     alone in its own row (causal: within the instance), and its pooled [CLS] too."""
     cfg = _config(attention=attention)
-    params = _params(cfg)
+    params = _params()
     instances = _instances()
     alone, packed = _unpacked(instances), _packed(instances)
-    encode = jax.jit(
-        lambda p, b: BertEncoder(cfg).apply(
-            {"params": p}, b["input_ids"], b["segment_ids"], b.get("sequence_ids", b["input_mask"]),
-            positions=b.get("positions"),
-        ).sequence_output
-    )  # fmt: skip
-    states, ref = encode(params["encoder"], packed), encode(params["encoder"], alone)
+
+    @jax.jit
+    def states_and_nsp_logits(p, b):  # one program per batch: two compiles, not four
+        mask, positions = b.get("sequence_ids", b["input_mask"]), b.get("positions")
+        states = BertEncoder(cfg).apply(
+            {"params": p["encoder"]}, b["input_ids"], b["segment_ids"], mask, positions=positions
+        )
+        out = BertForPreTraining(cfg).apply(
+            {"params": p}, b["input_ids"], b["segment_ids"], mask, b["masked_lm_positions"],
+            positions=positions, cls_positions=b.get("cls_positions"),
+        )  # fmt: skip
+        return states.sequence_output, out.nsp_logits
+
+    states, logits = jax.device_get(states_and_nsp_logits(params, packed))
+    ref, ref_logits = jax.device_get(states_and_nsp_logits(params, alone))
     for r, pack in enumerate(PACKS):
         start = 0
         for i in pack:
@@ -143,14 +156,6 @@ def test_each_packed_instance_gets_its_hidden_states_alone(attention):
                 states[r, start : start + n], ref[i, :n], rtol=1e-5, atol=1e-5
             )
             start += n
-    nsp_logits = jax.jit(
-        lambda p, b: BertForPreTraining(cfg).apply(
-            {"params": p}, b["input_ids"], b["segment_ids"], b.get("sequence_ids", b["input_mask"]),
-            b["masked_lm_positions"], positions=b.get("positions"),
-            cls_positions=b.get("cls_positions"),
-        ).nsp_logits
-    )  # fmt: skip
-    logits, ref_logits = nsp_logits(params, packed), nsp_logits(params, alone)
     assert logits.shape == (len(PACKS), K, 2)
     for r, pack in enumerate(PACKS):
         for j, i in enumerate(pack):
@@ -162,7 +167,7 @@ def test_a_packed_step_has_the_unpacked_loss_and_gradients(gather_last_layer):
     """The objective's loss (mean MLM over masked tokens + mean NSP over real instances) and its
     gradient for every parameter: packed batch == the same instances unpacked."""
     cfg = _config(gather_last_layer=gather_last_layer)
-    params = _params(cfg)
+    params = _params()
     objective = objective_lib.Pretraining(BertForPreTraining(cfg), LENGTH, PREDICTIONS)
     instances = _instances(seed=1)
 

@@ -186,6 +186,22 @@ def test_batch_keys_are_the_original_bert_features_and_need_no_tensorflow():
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
+def dropout_config(attention_impl):
+    config = tiny_config()
+    config.train.num_steps = 2
+    config.model.attention_dropout_rate = config.model.hidden_dropout_rate = 0.1
+    config.model.attention_impl = attention_impl
+    return config
+
+
+@functools.cache
+def dropout_run_on_2x2x2(attention_impl):
+    """(losses, params) of 2 steps with dropout on the (2, 2, 2) mesh: the XLA run is the
+    reference of both kernels' cases, run once."""
+    losses, params, *_ = run_steps(dropout_config(attention_impl), jax.devices(), (2, 2, 2))
+    return losses, params
+
+
 @pytest.mark.parametrize("impl,kernel", [("fused", "tpu_interpret"), ("gpu_interpret",) * 2])
 def test_fused_attention_step_equals_xla_step_with_dropout(impl, kernel):
     """The whole sharded BERT step with attention_impl='fused' (on CPU: the Pallas TPU flash
@@ -193,14 +209,8 @@ def test_fused_attention_step_equals_xla_step_with_dropout(impl, kernel):
     equals it with 'xla', the paper's attention dropout on: the kernel draws the same
     counter-hash mask from global positions on every (batch, heads) shard, the last layer's
     gathered queries included. build_steps resolves the ask into that kernel."""
-    results = {}
-    for ask in ("xla", impl):
-        config = tiny_config()
-        config.train.num_steps = 2
-        config.model.attention_dropout_rate = config.model.hidden_dropout_rate = 0.1
-        config.model.attention_impl = ask
-        losses, params, *_ = run_steps(config, jax.devices(), (2, 2, 2))
-        results[ask] = losses, params
+    results = {"xla": dropout_run_on_2x2x2("xla"), impl: dropout_run_on_2x2x2(impl)}
+    config = dropout_config(impl)
     np.testing.assert_allclose(results[impl][0], results["xla"][0], rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),

@@ -6,6 +6,7 @@ the unrolled layers for ``scan_layers``; no rematerialisation for every remat po
 """
 
 import copy
+import functools
 
 import jax
 import numpy as np
@@ -52,11 +53,7 @@ def test_pretraining_loss_is_normalised_by_hand_counted_global_denominators(grad
     trainer = _pretraining(tiny_config(grad_accum_steps=grad_accum_steps))
     state = trainer.init_state(jax.random.key(0))
     batch = next(tiny_batches())
-    out = trainer.objective.model.apply(
-        {"params": jax.device_get(state.params)},
-        batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], deterministic=True,
-    )  # fmt: skip
+    out = _pretraining_logits(trainer.objective.model, jax.device_get(state.params), batch)
     weights = batch["masked_lm_weights"]
     assert weights.sum() == 16 * 4 - 6 * 2  # 6 rows of 16 with 2 positions masked out
     mlm = (_nll(out.mlm_logits, batch["masked_lm_ids"]) * weights).sum() / weights.sum()
@@ -64,6 +61,16 @@ def test_pretraining_loss_is_normalised_by_hand_counted_global_denominators(grad
     _, metrics = trainer.train_step(state, sh.make_global_batch(batch, trainer.mesh), RNG)
     np.testing.assert_allclose(float(metrics["loss_sum"]), mlm + nsp, rtol=2e-6)
     assert float(metrics["mlm_weight_sum"]) == weights.sum()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _pretraining_logits(model, params, batch):
+    """The model's logits, jitted (eagerly each op would compile on its own); one program for
+    both cases of the test above (the model is the same)."""
+    return model.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        batch["masked_lm_positions"], deterministic=True,
+    )  # fmt: skip
 
 
 def _tagging_trainer(grad_accum_steps: int):
@@ -102,7 +109,8 @@ def test_fine_tuning_accumulation_equals_the_big_batch_and_a_hand_count():
         ),
         "example_weights": np.asarray([1, 1, 1, 1, 1, 1, 1, 0], np.float32),  # a padded row
     }
-    trainer = _tagging_trainer(1)
+    trainers = {accum: _tagging_trainer(accum) for accum in (1, 4)}
+    trainer = trainers[1]
     params = jax.device_get(trainer.init_state(jax.random.key(0)).params)
     grads = {
         accum: jax.jit(
@@ -113,13 +121,12 @@ def test_fine_tuning_accumulation_equals_the_big_batch_and_a_hand_count():
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads[4], grads[1]
     )
-    logits = trainer.objective.model.apply(
+    logits = jax.jit(trainer.objective.model.apply)(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"]
     )
     weights = batch["label_weights"] * batch["example_weights"][:, None]
     want = (_nll(logits, batch["label_ids"]) * weights).sum() / weights.sum()
-    for accum in (1, 4):
-        trainer = _tagging_trainer(accum)
+    for trainer in trainers.values():
         state = trainer.init_state(jax.random.key(0))
         _, metrics = trainer.train_step(state, sh.make_global_batch(batch, trainer.mesh), RNG)
         np.testing.assert_allclose(float(metrics["loss_sum"]), want, rtol=2e-6)
