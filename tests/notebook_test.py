@@ -2,8 +2,9 @@
 
 The notebook is executed with nbclient in a fresh ``python3`` kernel (ipykernel) from a
 temporary working directory, with ``BERTJAX_NOTEBOOK_SMOKE=1``: its install cell does nothing
-(this environment is installed) and each step is CPU-sized (40 pretraining steps, MiniLM
-fine-tuned for one epoch on 512 VADER words). The outputs must show what the notebook promises:
+(this environment is installed) and each step is CPU-sized (12 pretraining steps, MiniLM
+fine-tuned for one epoch on 512 VADER words: on 256, at the notebook's learning rate, it does not
+yet beat the majority class). The outputs must show what the notebook promises:
 progress lines, an inline plot, a dev accuracy above the majority class, and a similar sentence
 pair closer than an unrelated one.
 """
@@ -83,9 +84,10 @@ def test_no_accelerator_probe_lines_on_cpu(cells):
 
 def test_pretraining_prints_progress(cells):
     text = _text(cells["pretrain"])
-    steps = [int(s) for s in re.findall(r"^step (\d+)/40 loss ", text, re.MULTILINE)]
-    assert steps == [1, 10, 20, 30, 40], text  # after the first step (compiled), then every 10
-    assert re.search(r"^eval step 40 mlm_loss ", text, re.MULTILINE), text
+    steps = [int(s) for s in re.findall(r"^step (\d+)/12 loss ", text, re.MULTILINE)]
+    assert steps == [1, 4, 8, 12], text  # after the first step (compiled), then every 4
+    evals = [int(s) for s in re.findall(r"^eval step (\d+) mlm_loss ", text, re.MULTILINE)]
+    assert evals == [6, 12], text  # every 6: two points of each eval curve
     assert "final summary: " in text
 
 

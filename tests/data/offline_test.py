@@ -113,11 +113,12 @@ def _shards(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize(
-    "packing", [[], ["--pack_sequences", "--max_sequences_per_pack=3", "--short_seq_prob=0.5"]]
-)
-def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, capsys, packing):
-    common = [
+PACKING = ["--pack_sequences", "--max_sequences_per_pack=3", "--short_seq_prob=0.5"]
+
+
+def _identity_argv(corpus, packing):
+    """The runs compared across worker counts: ~5 units of this 40 kB corpus, three shards."""
+    return [
         *packing,
         f"--input_file={corpus}",
         "--num_output_shards=3",
@@ -125,16 +126,58 @@ def test_output_is_identical_for_one_and_two_worker_processes(corpus, tmp_path, 
         f"--max_seq_length={LENGTH}",
         f"--max_predictions_per_seq={PREDICTIONS}",
         "--dupe_factor=2",
-        "--work_unit_bytes=8000",  # ~5 units in this 40 kB corpus
+        "--work_unit_bytes=8000",
     ]
-    for workers in (1, 2):
-        out = tmp_path / f"w{workers}" / "train.tfrecord"
-        assert _run([*common, f"--output_file={out}", f"--num_workers={workers}"]) == 0
-    one, two = _shards(tmp_path / "w1"), _shards(tmp_path / "w2")
+
+
+@pytest.fixture(scope="module")
+def fresh_two_worker_run(corpus, tmp_path_factory):
+    """The unpacked identity run with two workers, as ``python -m bertjax.create_pretraining_data``
+    in a fresh process (runpy, its module as ``__main__``): (its stdout, the output folder, and
+    whether the command's own process imported TensorFlow)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("fresh") / "w2"
+    argv = [
+        "create_pretraining_data", *_identity_argv(corpus, []),
+        f"--output_file={folder / 'train.tfrecord'}", "--num_workers=2",
+    ]  # fmt: skip
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n    runpy.run_module('bertjax.create_pretraining_data', run_name='__main__')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "print('exit', code, 'tensorflow', 'tensorflow' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return result, folder
+
+
+@pytest.mark.parametrize("packing", [[], PACKING], ids=["unpacked", "packed"])
+def test_output_is_identical_for_one_and_two_worker_processes(
+    corpus, tmp_path, capsys, packing, request
+):
+    """Unpacked, the two-worker run is the fresh process of ``fresh_two_worker_run`` (shared with
+    the TensorFlow check below); packed, the command in this process with two spawned workers."""
+    common = _identity_argv(corpus, packing)
+    out = tmp_path / "w1" / "train.tfrecord"
+    assert _run([*common, f"--output_file={out}", "--num_workers=1"]) == 0
+    one_out = capsys.readouterr().out
+    if packing:
+        out = tmp_path / "w2" / "train.tfrecord"
+        assert _run([*common, f"--output_file={out}", "--num_workers=2"]) == 0
+        two_out, two_dir = capsys.readouterr().out, out.parent
+    else:
+        result, two_dir = request.getfixturevalue("fresh_two_worker_run")
+        assert "exit 0 " in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+        two_out = result.stdout.rsplit("exit 0 ", 1)[0]  # less the script's own last line
+    one, two = _shards(tmp_path / "w1"), _shards(two_dir)
     assert list(one) == [f"train.tfrecord-0000{i}-of-00003" for i in range(3)]
     assert one == two  # byte for byte
     records = list(tf.data.TFRecordDataset([str(tmp_path / "w1" / name) for name in one]))
-    assert f"rows                {len(records)}  (" in capsys.readouterr().out
+    assert f"rows                {len(records)}  (" in one_out
+    assert two_out[two_out.index("examples") :] == one_out[one_out.index("examples") :]
     assert len(set(r.numpy() for r in records)) == len(records)  # no unit written twice
     if packing:  # packed indeed: some row holds several instances
         parsed = [tf.io.parse_single_example(r, _packed_features(3)) for r in records]
@@ -232,28 +275,16 @@ def test_packed_rows_hold_exactly_the_unpacked_instances(packed_and_unpacked):
     assert set(counts) == {1, 2, 3} and len(rows) < 0.9 * len(expected)  # packing saved rows
 
 
-def test_the_command_process_never_imports_tensorflow_for_local_paths(corpus, tmp_path):
+def test_the_command_process_never_imports_tensorflow_for_local_paths(fresh_two_worker_run):
     """The spawned workers import TensorFlow; the command's own process (units, appending) does
-    not, with local paths: ``cli.run(..., tensorflow=False)``."""
-    import subprocess
-    import sys
-
-    out = tmp_path / "train.tfrecord"
-    argv = [
-        "create_pretraining_data", f"--input_file={corpus}", f"--output_file={out}",
-        f"--vocab_file={bundled.VOCAB}", f"--max_seq_length={LENGTH}",
-        f"--max_predictions_per_seq={PREDICTIONS}", "--num_workers=2", "--work_unit_bytes=100000",
-    ]  # fmt: skip
-    script = (
-        "import runpy, sys\n"
-        f"sys.argv = {argv!r}\n"
-        "try:\n    runpy.run_module('bertjax.create_pretraining_data', run_name='__main__')\n"
-        "except SystemExit as e:\n    code = e.code\n"
-        "print('exit', code, 'tensorflow', 'tensorflow' in sys.modules)\n"
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    not, with local paths: ``cli.run(..., tensorflow=False)``. The fresh process is the two-worker
+    run of the identity test above."""
+    result, out = fresh_two_worker_run
     assert "exit 0 tensorflow False" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
-    assert out.stat().st_size > 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"train.tfrecord-0000{i}-of-00003" for i in range(3)
+    ]
+    assert all(p.stat().st_size > 0 for p in out.iterdir())
 
 
 def test_default_workers_are_every_core_but_no_more_than_the_units():
@@ -313,13 +344,16 @@ class Damage:
 def test_a_lost_or_short_piece_is_one_line_and_no_output(
     corpus, tmp_path, capsys, monkeypatch, how
 ):
+    """The check and the appending are the command process's (``_append_unit``), whoever wrote
+    the units: here one worker, this process. (An error while spawned workers run, the pool then
+    stopped, is test_bad_input_exits_non_zero_and_leaves_nothing's.)"""
     out = tmp_path / "out" / "train.tfrecord"
     damage = Damage(monkeypatch, how, call=1)  # the second unit: the first is appended already
     argv = [
         f"--input_file={corpus}", f"--output_file={out}", "--num_output_shards=3",
         f"--vocab_file={bundled.VOCAB}", f"--max_seq_length={LENGTH}",
         f"--max_predictions_per_seq={PREDICTIONS}", "--dupe_factor=1", "--work_unit_bytes=8000",
-        "--num_workers=2",
+        "--num_workers=1",
     ]  # fmt: skip
     assert _run(argv) == 1
     assert damage.path is not None and "/unit-000001-shard-" in damage.path
