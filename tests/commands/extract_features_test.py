@@ -3,6 +3,7 @@
 The truncation reference is a transcription of the original ``_truncate_seq_pair``.
 """
 
+import functools
 import json
 import pathlib
 
@@ -52,9 +53,15 @@ def _reference_tokens(tokenizer, line: str, max_seq_length=MAX_SEQ_LENGTH):
     return tokens, segments
 
 
-def _check_against_hf(output_file: pathlib.Path, max_seq_length=MAX_SEQ_LENGTH) -> float:
+@functools.cache
+def _hf_minilm():
+    """(tokenizer, model): HF's MiniLM, loaded once for the module's checks (only read)."""
     tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
-    model = transformers.BertModel.from_pretrained(MINILM).eval()
+    return tokenizer, transformers.BertModel.from_pretrained(MINILM).eval()
+
+
+def _check_against_hf(output_file: pathlib.Path, max_seq_length=MAX_SEQ_LENGTH) -> float:
+    tokenizer, model = _hf_minilm()
     records = [json.loads(line) for line in output_file.read_text().splitlines()]
     assert [r["linex_index"] for r in records] == list(range(len(LINES)))
     worst = 0.0
@@ -114,7 +121,7 @@ def test_packed_rows_write_what_unpacked_rows_write(tmp_path):
     n = extract_features.extract(output_file=str(tmp_path / "packed.jsonl"), pack=True,
                                  max_sequences_per_pack=3, **args)  # fmt: skip
     assert n == 3 * len(LINES)
-    tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
+    tokenizer = _hf_minilm()[0]
     tokens = [_reference_tokens(tokenizer, line, 64)[0] for line in LINES * 3]
     features = [extract_features.Feature(i, t, [0] * len(t), [0] * len(t))
                 for i, t in enumerate(tokens)]  # fmt: skip
