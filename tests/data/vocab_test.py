@@ -17,7 +17,7 @@ from bertjax import cli
 from bertjax import vocab as vocab_cli
 from bertjax.data import tokenization
 from bertjax.data import vocab as vocab_lib
-from tests.finetune.loop_test import command_here
+from tests.commands import in_process
 
 CORPUS_BYTES = 150_000
 
@@ -40,9 +40,9 @@ def corpus(tmp_path_factory) -> tuple[str, list[str]]:
 @pytest.fixture(scope="module")
 def uncased_vocab(corpus, tmp_path_factory) -> pathlib.Path:
     """A WordPiece vocab built by the real entry point, ``python -m bertjax.vocab`` (run in this
-    process as ``-m`` runs it, absl parsing the flags: ``command_here``)."""
+    process as ``-m`` runs it, absl parsing the flags: ``tests.commands.in_process``)."""
     output = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    result = command_here(
+    result = in_process.run_module(
         "bertjax.vocab",
         f"--input_file={corpus[0]}",
         f"--output_file={output}",
