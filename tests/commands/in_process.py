@@ -20,7 +20,8 @@ The contract of :func:`run_module`:
   verbosity are put back;
 - absl's once-a-process set-up (the process name, its log handler, faulthandler) is skipped by
   default, as the test process must keep its own; ``process_setup=True`` (a subprocess that only
-  runs commands) lets the first run do it, as ``python -m`` would.
+  runs commands) lets the first run do it, as ``python -m`` would. In the test process, JAX's
+  backends are started before the capture (their native start-up lines are the process's).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def run_module(module: str, *argv: str, process_setup: bool = False) -> subproce
     setup_done = app._run_init.done  # noqa: SLF001 - absl's once-a-process flag
     if not process_setup:
         app._run_init.done = True  # noqa: SLF001
+        import jax  # noqa: PLC0415
+
+        # The test process's JAX backends start before the capture: what they print natively
+        # (a CUDA plugin's failed cuInit, where the test process probes for GPUs) is the
+        # process's start-up, which a command's own process keeps quiet (bertjax.startup).
+        jax.devices()
     files = [tempfile.TemporaryFile() for _ in (1, 2)]
     sys.stdout.flush(), sys.stderr.flush()
     saved_fds = [os.dup(1), os.dup(2)]

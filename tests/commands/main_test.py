@@ -394,6 +394,7 @@ from bertjax.model.attention import tpu
 from bertjax.training import kernel_check
 _flash_attention = tpu.flash_attention
 runs, results = json.loads(sys.argv[1]), []
+main._define_flags()
 baseline = set(flags.FLAGS)
 for wrong, argv in runs:
     for name in set(flags.FLAGS) - baseline:  # the last run's --config.KEY flags

@@ -16,10 +16,8 @@ model that does not fit, no checkpoint that verifies) is checked in the test's o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
-import io
 import os
 import pathlib
 import subprocess
@@ -28,6 +26,7 @@ import sys
 import filelock
 
 from bertjax.data import bundled
+from tests.commands import in_process
 from tests.pretrain.step_test import TINY_MODEL
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -64,31 +63,11 @@ def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
 
 
 def call(env, workdir, *extra) -> subprocess.CompletedProcess:
-    """:func:`run`'s command in this process, for a run that stops with an error before its
-    devices compute anything: ``bertjax.main``'s flags parsed by ``cli.parse_flags`` and its
-    ``_train`` under ``cli.call`` with the errors ``main.main`` reports (one line, exit 1);
-    stdout and stderr captured. The devices are this process's (8 fake CPU devices)."""
-    from absl import flags  # noqa: PLC0415 - imported by the tests that call, not at collection
-
-    from bertjax import cli, main  # noqa: PLC0415
-
+    """:func:`run`'s command in this process (``tests.commands.in_process``), for a run that
+    stops with an error before its devices compute anything. The devices are this process's
+    (8 fake CPU devices)."""
     argv = command(env[1], workdir, *extra)[2:]
-    out, err = io.StringIO(), io.StringIO()
-    saved_argv, baseline = sys.argv, set(flags.FLAGS)
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            sys.argv = argv  # ml_collections finds the --config.KEY overrides in sys.argv
-            cli.parse_flags(argv, prog="main")
-            code = cli.call(main._train, flags.FLAGS, errors=(ValueError, FloatingPointError),
-                            prog="main")  # fmt: skip
-        except SystemExit as e:  # a bad flag: parse_flags's one line
-            code = e.code
-        finally:
-            sys.argv = saved_argv
-            for name in set(flags.FLAGS) - baseline:  # its --config.KEY flags: defined per parse
-                delattr(flags.FLAGS, name)
-            flags.FLAGS.unparse_flags()
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    return in_process.run_module(*argv)
 
 
 def environ(root: pathlib.Path, *, platform_hints: bool = False) -> dict:
