@@ -69,12 +69,11 @@ def run_module(module, argv):
     done = _run_module(f"bertjax.{module}", *argv, process_setup=True)
     return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
 """
-PROBE = (
-    """  # the runs' JSON file, the results' JSON file
+SPEC_PRELUDE = (  # a namespace script's start: the spec's JSON file, the results' JSON file
+    """
 import hashlib, json, sys
 import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
 from bertjax import startup
-from bertjax.data import shard_pieces
 from google.cloud import storage
 
 tf = startup.import_tensorflow()  # without its start-up lines, as the commands import it
@@ -86,6 +85,12 @@ client = storage.Client()
 for source, target in spec["uploads"]:
     bucket, name = target[5:].split("/", 1)
     client.bucket(bucket).blob(name).upload_from_filename(source)
+"""
+)
+PROBE = (
+    SPEC_PRELUDE
+    + """
+from bertjax.data import shard_pieces
 check, how = shard_pieces.check, None
 
 

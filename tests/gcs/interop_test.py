@@ -15,7 +15,7 @@ and Google's original code):
 
 Everything on gs:// is done by one process in the namespace (:data:`PROBE`, the ``done``
 fixture): the uploads, the commands (each its module run as ``__main__``, as ``python -m`` runs
-it: tests/gcs/commands_test.py's :data:`RUN_MODULE`), the reads (1), and the objects listed and
+it: tests/gcs/commands_test.py's :data:`SPEC_PRELUDE`), the reads (1), and the objects listed and
 read back at the end. A start-up each saved on six processes.
 """
 
@@ -25,7 +25,7 @@ import shutil
 
 import pytest
 
-from tests.gcs.commands_test import RUN_MODULE
+from tests.gcs.commands_test import SPEC_PRELUDE
 from tests.gcs.conftest import DATA_BUCKET, FLAT_PARAMS, REPO
 
 pytestmark = pytest.mark.xdist_group("gcs")
@@ -67,22 +67,9 @@ found = {"reads": reads, "errors": errors}
 """
 )
 
-PROBE = (  # the spec's JSON file, the results' JSON file
-    """
-import hashlib, json, sys
-import bertjax  # first: its start-up settings (bertjax.startup) precede TensorFlow's
-from bertjax import startup
-from google.cloud import storage
-
-tf = startup.import_tensorflow()  # without its start-up lines, as the commands import it
-"""
-    + RUN_MODULE
+PROBE = (
+    SPEC_PRELUDE
     + """
-spec, results_path = json.load(open(sys.argv[1])), sys.argv[2]
-client = storage.Client()
-for source, target in spec["uploads"]:
-    bucket, name = target[5:].split("/", 1)
-    client.bucket(bucket).blob(name).upload_from_filename(source)
 runs = {name: run_module(module, argv) for name, module, argv in spec["runs"]}
 sys.argv = [sys.argv[0], json.dumps(spec["reads"]), *spec["errors"]]
 """
