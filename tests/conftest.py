@@ -1,7 +1,7 @@
-"""Test set-up: 8 fake CPU devices for sharding tests, TensorFlow kept off accelerators, one JAX
-compilation cache for the run, a ``fast_compiles`` fixture for modules that compile far more
-than they compute, and a line per reader at the end of the session with the inputs its fuzz
-tests tried (``tests/fuzzing.py``).
+"""Test set-up: 8 fake CPU devices for sharding tests, compiled cheaply (``tests/cpu_xla.py``),
+TensorFlow kept off accelerators, one JAX compilation cache for the run, a ``full_optimizations``
+fixture for a test whose property depends on how long a step takes, and a line per reader at the
+end of the session with the inputs its fuzz tests tried (``tests/fuzzing.py``).
 
 This runs before any test module imports JAX, so the flags take effect. Under ``pytest -n N``
 the suite runs with ``--dist loadgroup`` (pyproject.toml): the tests of a module marked
@@ -11,7 +11,10 @@ train_test's single-device reference) is built once, not once per worker.
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests import cpu_xla  # noqa: E402 - no JAX import
+
+os.environ.setdefault("XLA_FLAGS", cpu_xla.xla_flags(8))
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -56,19 +59,14 @@ def tiny_run(tmp_path_factory):
     return tiny_run_lib.shared(session_root)
 
 
-@pytest.fixture(scope="module")
-def fast_compiles():
-    """``jax_disable_most_optimizations`` (XLA at LLVM -O0) for one module.
-
-    For tiny models run a few steps, where compiling is the cost: a train step compiles in about
-    half the time and its jitted init in a quarter (train_test: 109 s -> 63 s of CPU). Not for
-    compute-bound tests: MiniLM-size steps ran 1.7x slower, finetune_learning_test 68 s -> 118 s.
-    Subprocesses get the same with ``JAX_DISABLE_MOST_OPTIMIZATIONS=1``.
-    """
+@pytest.fixture
+def full_optimizations():
+    """XLA's optimizations back on for one test (the suite compiles at -O0, ``tests/cpu_xla.py``):
+    a test whose property depends on how long a step takes."""
     import jax  # noqa: PLC0415 - after the environment above is set
 
     previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
+    jax.config.update("jax_disable_most_optimizations", False)
     yield
     jax.config.update("jax_disable_most_optimizations", previous)
 

@@ -15,6 +15,8 @@ import re
 
 import pytest
 
+from tests import cpu_xla
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "colab_tpu.ipynb"
 CELL_TIMEOUT_S = 600  # a cell, not the notebook: the longest (fine-tuning) takes ~1 min alone
@@ -45,7 +47,8 @@ def cells(tmp_path_factory):
     env = {
         "BERTJAX_NOTEBOOK_SMOKE": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "XLA_FLAGS": cpu_xla.xla_flags(1),
+        "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
         "TMPDIR": str(workdir),
     }

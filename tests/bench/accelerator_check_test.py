@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+from tests import cpu_xla
 from tests.model.attention import cases
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -28,9 +29,8 @@ pytestmark = pytest.mark.xdist_group("accelerator_check_test")  # one tiny run f
 
 
 def _check(*flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a run
-    # JAX_PLATFORMS: no libtpu probe; most optimizations off: these steps are all compile.
-    env.update(JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
+    # One CPU device, as a run; JAX_PLATFORMS: no libtpu probe.
+    env = cpu_xla.environ(1, JAX_PLATFORMS="cpu")
     command = ["bash", str(SCRIPT), *flags]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 

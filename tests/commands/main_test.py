@@ -31,6 +31,7 @@ import pytest
 from bertjax.data import bundled
 from bertjax.training import lease, lease_stores
 from bertjax.training import workdir as workdir_lib
+from tests import cpu_xla
 from tests.commands import tiny_run as tiny_run_lib
 
 pytestmark = pytest.mark.xdist_group("main_test")
@@ -253,7 +254,7 @@ def _finish(procs, timeout=400) -> list[tuple[str, str]]:
 def two_device_reference(env):
     """An uninterrupted run on two devices of one process: what two processes compute."""
     root, corpus, environ = env
-    environ = dict(environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    environ = cpu_xla.environ(2, environ)
     workdir = root / "two_devices"
     result = _run((root, corpus, environ), workdir, NO_EVAL)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -364,7 +365,7 @@ def test_bad_config_is_one_line_error(env):
     assert "Traceback" not in result.stderr
 
 
-def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env, fast_compiles):
+def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
     # Step 1 applies a 1e30-sized update (no warmup); step 2's forward pass overflows. In this
     # process (8 fake devices, XLA at -O0 as the subprocesses): two steps, no start-up of its own.
     workdir = env[0] / "nan"

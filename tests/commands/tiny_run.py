@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import os
 import pathlib
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import sys
 import filelock
 
 from bertjax.data import bundled
+from tests import cpu_xla
 from tests.commands import in_process
 from tests.pretrain.step_test import TINY_MODEL
 
@@ -75,10 +75,8 @@ def environ(root: pathlib.Path, *, platform_hints: bool = False) -> dict:
     ``root`` that keeps every compile. ``platform_hints``: keep the caller's ``JAX_PLATFORMS``
     and ``TF_CPP_MIN_LOG_LEVEL`` (by default dropped: the quiet start is bertjax's own,
     ``bertjax.startup``, not the test's)."""
-    environ = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # tiny model, 8 steps: compiling is the cost
+    environ = cpu_xla.environ(
+        1,
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )

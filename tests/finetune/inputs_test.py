@@ -22,7 +22,6 @@ from bertjax.training import workdir as workdir_lib
 from tests.finetune.loop_test import _config, tiny_checkpoint
 
 __all__ = ["tiny_checkpoint"]  # loop_test's fixture, instantiated for this module
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # five 4-step runs: compiling is the cost
 
 
 def _sigterm_at_step(monkeypatch, step: int) -> None:

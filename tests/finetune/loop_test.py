@@ -26,12 +26,10 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint
 from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
+from tests import cpu_xla
 from tests.commands import in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures(
-    "fast_compiles"
-)  # tiny models, a few steps: compiling is the cost
 
 
 def _config(name: str, arg: str | None = None, *, task: str | None = None, data_dir: str,
@@ -198,10 +196,8 @@ def _finetune_here(config: str, *flags: str) -> subprocess.CompletedProcess:
 def _one_device_env(tmp_path) -> dict:
     """One CPU device, XLA at -O0 and a compile cache the runs share: a tiny model's runs are
     all start-up and compiling."""
-    return dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",
+    return cpu_xla.environ(
+        1,
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )

@@ -30,11 +30,6 @@ TINY = BertConfig(
 )  # fmt: skip
 
 
-# The tiny model's tests compile far more than they compute: XLA at -O0 (``fast_compiles``);
-# MiniLM's run computes, at full optimization (``full_optimizations``).
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
-
 @pytest.fixture(scope="module")
 def splits():
     """task -> (task, train features) for MRPC, STS-B and CoNLL at L = 128."""
@@ -177,7 +172,6 @@ def test_squad_and_swag_say_they_stay_unpacked(task_name):
         packed.check(config, "classification")
 
 
-@pytest.mark.usefixtures("full_optimizations")
 def test_packed_train_and_evaluate_on_real_weights(tmp_path, capsys):
     """MiniLM fine-tuned packed on 128 VADER sentiment words (SST-2 format,
     ``bertjax.finetune.vader``): the run packs (its line), trains, and writes what an unpacked

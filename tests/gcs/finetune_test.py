@@ -28,6 +28,7 @@ import time
 
 import pytest
 
+from tests import cpu_xla
 from tests.gcs.conftest import DATA_BUCKET, REPO, download_tree, upload_tree
 
 pytestmark = pytest.mark.xdist_group("gcs")
@@ -76,10 +77,8 @@ def finetune(gcs, gcs_hf, tmp_path_factory):
     gcs.create_bucket(WORK)
     upload_tree(gcs, DATA, f"gs://{DATA_BUCKET}/mrpc")
     root = tmp_path_factory.mktemp("finetune")
-    environ = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        JAX_DISABLE_MOST_OPTIMIZATIONS="1",  # a tiny model, 8 steps: compiling is the cost
+    environ = cpu_xla.environ(
+        1,
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )

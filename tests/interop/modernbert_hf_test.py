@@ -17,8 +17,6 @@ from bertjax.interop.converted import Converted, ConvertError
 from bertjax.model import heads
 from tests.model import modernbert_test as cases
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
 
 def _converted(tmp_path, mlm=True):
     model = cases._hf_model(cases._hf_config(vocab_size=40))

@@ -21,7 +21,6 @@ from bertjax.model.config import BertConfig
 from bertjax.training import checkpoint
 from tests.interop.references import MINILM, batch, leaves, loaded_cleanly, torch_inputs
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # a tiny model: compiling is the cost
 CONFIG = BertConfig(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=64, max_position_embeddings=64)  # fmt: skip
 LOGITS_TOL = 1e-5

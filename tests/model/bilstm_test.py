@@ -16,7 +16,6 @@ from tests.model import lstm_reference
 CONFIG = BertConfig(hidden_size=8, num_layers=1, num_heads=2, intermediate_size=16)
 RNN = bilstm.BiLSTMConfig(hidden_size=5, num_layers=2)
 FEATURES, LENGTH = 6, 7
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # a tiny LSTM: compiling is the cost
 
 
 def _params(seed=0):

@@ -19,8 +19,6 @@ from bertjax.model.encoder import stack_layers, unstack_layers
 from bertjax.model.heads import BertModel
 from tests.model.sizes import config_for_size, count_params
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny models: compiling is the cost
-
 TINY = BertConfig(vocab_size=13, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=12,
                   max_position_embeddings=10, type_vocab_size=2)  # fmt: skip
 

@@ -19,8 +19,6 @@ from bertjax.model.encoder import stack_layers
 from bertjax.model.heads import BertForPreTraining, BertModel, MaskedLMHead
 from tests.model.sizes import config_for_size, count_params
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny shapes: compiling is the cost
-
 TINY_HF = dict(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
                intermediate_size=32, max_position_embeddings=16)  # fmt: skip
 

@@ -18,8 +18,6 @@ from bertjax.interop import modernbert as interop
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny models: compiling is the cost
-
 LENGTH = 40  # above the window (local_attention 16: 8 keys on each side)
 
 

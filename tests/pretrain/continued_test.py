@@ -40,10 +40,7 @@ REPO = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(REPO / "configs"))
 import tiny  # noqa: E402
 
-pytestmark = [
-    pytest.mark.xdist_group("continued_test"),  # the module's runs, built once
-    pytest.mark.usefixtures("fast_compiles"),  # tiny runs of a few steps: compiling is the cost
-]
+pytestmark = pytest.mark.xdist_group("continued_test")  # the module's runs, built once
 BATCH, STEPS = 8, 3
 # Training-only flags: small and deterministic (no dropout, so the step-1 loss is HF's eval loss).
 TRAIN_FLAGS = {

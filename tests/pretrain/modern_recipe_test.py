@@ -19,8 +19,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "configs"))
 import modernbert_base  # noqa: E402
 import modernbert_tiny  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
 
 def _tiny(tmp_path, num_steps):
     corpus = tiny_run.write_env(tmp_path)

@@ -215,17 +215,6 @@ def _random_packed_batch(rows, seed=0):
     return _packed(_instances(seed, tuple(lengths)), tuple(packs))
 
 
-@pytest.fixture
-def fast_compiles_one_test():
-    """conftest's ``fast_compiles`` for one test, not the module: the gradient test's bound holds
-    for XLA's optimized programs, not for its -O0 ones (5e-5 relative on two elements)."""
-    previous = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", previous)
-
-
-@pytest.mark.usefixtures("fast_compiles_one_test")  # two tiny steps: compiling is the cost
 def test_a_packed_step_under_a_mesh_with_the_fused_kernel_equals_xla(impl="fused"):
     """Two sharded train steps on a (2, 2, 2) mesh of packed batches, attention dropout on: the
     Pallas TPU kernel (interpret mode) as the model dispatches it per (batch, heads) shard, with

@@ -24,10 +24,7 @@ TINY_MODEL = dict(
     hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_position_embeddings=32
 )
 RNG = np.asarray(jax.random.key_data(jax.random.key(1)))
-pytestmark = [
-    pytest.mark.xdist_group("train_test"),  # one single-device reference per suite (conftest)
-    pytest.mark.usefixtures("fast_compiles"),
-]
+pytestmark = pytest.mark.xdist_group("train_test")  # one single-device reference (conftest)
 
 
 def tiny_config(**train_overrides):

@@ -17,7 +17,6 @@ from bertjax.model.config import BertConfig
 from bertjax.training import kernel_check
 from bertjax.training import sharding as sh
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
 CONFIG = BertConfig(
     vocab_size=64, hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64,
     attention_impl="fused", attention_dropout_rate=0.1,

@@ -23,8 +23,6 @@ from bertjax.training import step as step_lib
 from bertjax.training.step import StepConfig
 from tests.pretrain.step_test import RNG, tiny_batches, tiny_config
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
 
 def _log_softmax(x):
     x = x - x.max(-1, keepdims=True)

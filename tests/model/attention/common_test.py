@@ -18,8 +18,6 @@ from bertjax.training import sharding
 from tests.model.attention import cases
 from tests.model.attention.cases import Case
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny shapes: compiling is the cost
-
 
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("flash_attention", [tpu.flash_attention, gpu.flash_attention])

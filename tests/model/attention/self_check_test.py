@@ -7,8 +7,6 @@ import pytest
 
 from bertjax.model.attention import gpu, self_check, tpu
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")
-
 
 @pytest.mark.parametrize(
     "kernel,dtype,causal",

@@ -14,8 +14,6 @@ from bertjax.model.attention import gpu
 from tests.model.attention import cases
 from tests.model.attention.cases import Case
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny shapes: compiling is the cost
-
 GPU_CASES = [
     Case(128, causal=False, rate=0.1),
     Case(100, causal=True, rate=0.1, block=32),

@@ -17,8 +17,6 @@ from bertjax.model.attention import tpu
 from tests.model.attention import cases
 from tests.model.attention.cases import Case
 
-pytestmark = pytest.mark.usefixtures("fast_compiles")  # tiny shapes: compiling is the cost
-
 FUSED_CASES = [
     Case(128, causal=False, rate=0.1),
     Case(128, causal=False, rate=0.0, tpu_interpret=True, batch=2),
