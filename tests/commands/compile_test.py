@@ -1,6 +1,6 @@
 """``python -m bertjax.compile`` against the real TPU compiler (libtpu, from the test extra):
-the tiny config on a small v5e slice for data-, fsdp- and tensor-parallel meshes (the data mesh
-through the command itself, its ``--json`` report holding the documented keys), the Pallas
+the tiny config on a small v5e slice for an fsdp mesh in bf16 with remat (through the command
+itself, its ``--json`` report holding the documented keys) and a data x tensor mesh, the Pallas
 flash kernel present in the TPU program (and absent with attention_impl='xla'), and one-line
 errors for a config that cannot fit (a fresh ``python -m`` process: nothing else on its stderr,
 libtpu's start-up lines included), an unknown topology and an indivisible parameter.
@@ -45,15 +45,16 @@ def _command(*args) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     "mesh_shape,model",
     [
-        ((4, 1, 1), {}),  # through the command, with --json
+        # FSDP in bf16 with remat, through the command with --json (its flags set the model)
         ((1, 4, 1), {"dtype": "bfloat16", "remat_policy": "dots"}),
         ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),  # vocab split over tensor
     ],
 )
 def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
-    if not model:  # the command's --json: the documented keys, and the report as compile_for's
+    if "remat_policy" in model:  # the command's --json: the documented keys, as compile_for's
         shape = ",".join(map(str, mesh_shape))
-        flags = [f"--config.mesh.shape={shape}", "--config.train.eval_every=0"]
+        flags = [f"--config.mesh.shape={shape}"]
+        flags += [f"--config.model.{name}={value}" for name, value in model.items()]
         code, out, err = _command("--topology=v5e:2x2", "--json", *flags)
         assert code == 0, err[-2000:]
         (line,) = out.splitlines()
