@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import warnings
 
 
 def run_module(module: str, *argv: str, process_setup: bool = False) -> subprocess.CompletedProcess:
@@ -67,7 +68,12 @@ def run_module(module: str, *argv: str, process_setup: bool = False) -> subproce
         with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
             sys.argv = [module, *argv]
             try:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
+                with warnings.catch_warnings():
+                    # runpy's warning that the module was imported before (a test imported it,
+                    # or an earlier run): expected here, where it runs as __main__ again.
+                    warnings.filterwarnings("ignore", ".* found in sys.modules after import of "
+                                            "package", RuntimeWarning)  # fmt: skip
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             except BaseException:  # noqa: BLE001 - what the interpreter does with one that escapes
