@@ -10,9 +10,10 @@ and a second run is refused while the first holds it. Two processes with ``jax.d
 preemption sync point: SIGTERM to one process or to both saves the same step on both and exits
 0, and the run resumes bit-identical to an uninterrupted run on two devices (one process: the
 same two shards of each batch and the same two-term sums, so bit-identical to two processes,
-for a third of their start-up); a lease lost by the resumed pair stops both with one line. Runs that
-stop with an error before their devices compute run in this process (``tiny_run.call``). All
-runs share a persistent compilation cache so only the first one pays for compiling.
+for a third of their start-up); a lease lost by process 0 stops both with one line. Runs
+that stop with an error before their devices compute, and the attention self-check's two short
+runs (one with a wrong kernel patched in), run in this process (``tiny_run.call``). All runs
+share a persistent compilation cache so only the first one pays for compiling.
 """
 
 import dataclasses
@@ -22,7 +23,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -318,18 +318,19 @@ def test_sigterm_to_one_process_saves_one_step_on_both_and_resumes_bit_exact(
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
-def test_sigterm_to_both_processes_saves_one_step_then_a_lost_lease_stops_both_with_one_line(env):
-    """SIGTERM to both processes: one step saved, both exit 0. Both resumed from it, with a
-    lease of 1 s renewed every 0.1 s; once they train, another run takes the workdir over: both
-    stop with one line naming the loss, and the intruder keeps the lease."""
+def test_sigterm_to_both_processes_saves_one_step_and_exits_0(env):
     workdir = env[0] / "both"
     procs = _two_processes(env, workdir, "--config.train.num_steps=1000", NO_EVAL)
     stdout = _signal_after_first_step(procs, targets=[0, 1])
     outputs = _finish(procs)
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
-    saved = _saved_step(stdout, workdir)
-    assert saved >= 1 and stdout.count("saving step") == 1
+    assert _saved_step(stdout, workdir) >= 1
+    assert stdout.count("saving step") == 1
+
+
+def test_a_lost_lease_stops_both_processes_with_one_line(env):
+    workdir = env[0] / "lease"
     procs = _two_processes(
         env,
         workdir,
@@ -339,8 +340,7 @@ def test_sigterm_to_both_processes_saves_one_step_then_a_lost_lease_stops_both_w
         "--config.checkpoint.lease_renew_seconds=0.1",
     )
     for line in procs[0].stdout:
-        if re.match(r"step \d+/1000 ", line):  # another run takes the workdir over
-            assert line.startswith(f"step {saved + 1}/"), line  # resumed where it stopped
+        if line.startswith("step 1/"):  # another run takes the workdir over
             store = lease_stores.LocalStore(workdir)
             intruder = dataclasses.replace(
                 lease.LeaseRecord.from_bytes(store.read().data, "test"),
@@ -382,61 +382,33 @@ def test_nonfinite_loss_stops_naming_the_step_without_saving_it(env):
     assert steps == [], steps  # step 2 (a checkpoint step) was not saved
 
 
-# Both runs of the self-check test, in one process (a start-up saved): the kernel as it is, then
-# the TPU kernel (interpret mode on CPU) with its output scaled, wrong by 2%. Before each, what a
-# fresh process starts with: no check run (kernel_check's outcomes) and no trace of the kernel.
-# Each run's stdout and stderr (what Python writes: the warning and the step lines are prints).
-_SELF_CHECK = """
-import contextlib, io, json, sys
-import jax
-from absl import flags
-from bertjax import cli, main
-from bertjax.model.attention import tpu
-from bertjax.training import kernel_check
-_flash_attention = tpu.flash_attention
-runs, results = json.loads(sys.argv[1]), []
-main._define_flags()
-baseline = set(flags.FLAGS)
-for wrong, argv in runs:
-    for name in set(flags.FLAGS) - baseline:  # the last run's --config.KEY flags
-        delattr(flags.FLAGS, name)
-    kernel_check._outcomes.clear()
-    kernel_check._decisions.clear()
-    jax.clear_caches()
-    tpu.flash_attention = (
-        (lambda *args, **kwargs: _flash_attention(*args, **kwargs) * 1.02) if wrong
-        else _flash_attention
-    )
-    out, err = io.StringIO(), io.StringIO()
-    sys.argv = argv  # ml_collections finds the --config.KEY overrides in sys.argv
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        cli.parse_flags(argv, prog="main")
-        code = cli.call(main._train, flags.FLAGS, errors=(ValueError, FloatingPointError),
-                        prog="main")
-    flags.FLAGS.unparse_flags()
-    results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope="module")
 def self_check_runs(env):
-    """--config.model.attention_impl=fused, 2 steps, with the kernel as it is and with a wrong
-    one: {wrong: (workdir, exit status, stdout, stderr)}."""
-    _, corpus, environ = env
-    runs = {}
+    """--config.model.attention_impl=fused, 2 steps, in this process (``tiny_run.call``: its 8
+    fake devices), with the kernel as it is and with the TPU kernel (interpret mode on CPU) with
+    its output scaled, wrong by 2%: {wrong: (workdir, exit status, stdout, stderr)}. Before
+    each, what a fresh process starts with: no check run (kernel_check's outcomes) and no trace
+    of the kernel."""
+    import jax  # noqa: PLC0415
+
+    from bertjax.model.attention import tpu  # noqa: PLC0415
+    from bertjax.training import kernel_check  # noqa: PLC0415
+
+    flash_attention, runs = tpu.flash_attention, {}
     for wrong in (False, True):
         workdir = env[0] / f"self_check_{wrong}"
-        command = _command(corpus, workdir, "--config.model.attention_impl=fused",
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kernel_check, "_outcomes", {})
+            patch.setattr(kernel_check, "_decisions", {})
+            if wrong:
+                scaled = lambda *args, **kwargs: flash_attention(*args, **kwargs) * 1.02  # noqa: E731
+                patch.setattr(tpu, "flash_attention", scaled)
+            jax.clear_caches()
+            result = _call(env, workdir, "--config.model.attention_impl=fused",
                            "--config.train.num_steps=2", "--config.train.eval_every=0")  # fmt: skip
-        runs[wrong] = (workdir, command[2:])
-    plan = json.dumps([(wrong, argv) for wrong, (_, argv) in runs.items()])
-    result = subprocess.run([sys.executable, "-c", _SELF_CHECK, plan], env=environ, cwd=REPO,
-                            capture_output=True, text=True, timeout=400)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(result.stdout.strip().splitlines()[-1])
-    found = zip(runs.items(), results, strict=True)
-    return {wrong: (workdir, *result) for (wrong, (workdir, _)), result in found}
+            jax.clear_caches()  # no trace of the wrong kernel for later tests
+        runs[wrong] = (workdir, result.returncode, result.stdout, result.stderr)
+    return runs
 
 
 @pytest.mark.parametrize("wrong", [True, False], ids=["wrong_kernel", "kernel"])

@@ -63,9 +63,9 @@ def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
 
 
 def call(env, workdir, *extra) -> subprocess.CompletedProcess:
-    """:func:`run`'s command in this process (``tests.commands.in_process``), for a run that
-    stops with an error before its devices compute anything. The devices are this process's
-    (8 fake CPU devices)."""
+    """:func:`run`'s command in this process (``tests.commands.in_process``), for a run whose
+    own process is not the point: one that stops with an error before its devices compute, or a
+    short one with something patched in. The devices are this process's (8 fake CPU devices)."""
     argv = command(env[1], workdir, *extra)[2:]
     return in_process.run_module(*argv)
 
