@@ -78,7 +78,6 @@ def environ(root: pathlib.Path, *, platform_hints: bool = False) -> dict:
     environ = cpu_xla.environ(
         1,
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
     if not platform_hints:
         for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL"):

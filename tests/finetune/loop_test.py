@@ -199,7 +199,6 @@ def _one_device_env(tmp_path) -> dict:
     return cpu_xla.environ(
         1,
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
 
 

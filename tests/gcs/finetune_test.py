@@ -80,7 +80,6 @@ def finetune(gcs, gcs_hf, tmp_path_factory):
     environ = cpu_xla.environ(
         1,
         JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
     )
     return Finetune(gcs, environ, gcs_hf.path, f"gs://{DATA_BUCKET}/mrpc")
 
