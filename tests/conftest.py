@@ -23,8 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # xdist workers and every process a test starts inherit it (a test that sets its own keeps it).
 # The suite compiles the same tiny steps in dozens of processes and modules; every compile is
 # written once and read after (no minimum compile time: at -O0 most take well under JAX's 1 s
-# default, and ten of the costliest test files spent 167 s compiling instead of 205). Removed
-# when the run ends.
+# default). Removed when the run ends.
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     import tempfile  # noqa: E402

@@ -9,10 +9,9 @@ processes before JAX is imported; a test that starts a process with its own devi
 - ``--xla_cpu_use_fusion_emitters=false``: XLA:CPU's elemental emitters for fusions, not the
   MLIR fusion emitters, which at -O0 cost more to compile than the -O0 saves.
 
-Measured (``bench/suite_cost.py``): the tiny BERT's train step compiles in 1.8 CPU s instead of
-7.4; ten of the costliest test files fell from 668 to 443 CPU s, and the compute-bound MiniLM
-fine-tune (``tests/finetune/learning_test.py``) ran no slower (33 CPU s either way). Numerics are
-XLA:CPU's either way: every comparison in the suite holds at the tolerances it had.
+Measured with ``bench/suite_cost.py`` (docs/benchmarks.md): the whole suite fell from 2,106 to
+1,854 CPU s, and its compute-bound MiniLM tests got no slower. Numerics are XLA:CPU's either way:
+every comparison in the suite holds at the tolerances it had.
 """
 
 import os
