@@ -1,13 +1,12 @@
 """The paper miniature's plan: every run of issue #38's experiments, as bertjax commands.
 
 A plan is an ordered list of :class:`Run`; each is a real command (``python -m bertjax.main``,
-``python -m bertjax.finetune``, ``python -m bertjax.vocab``) with config overrides, or one of two
-in-process steps that only copy files (``subset``: the first examples of a task's splits;
-``snapshot``: one pretraining step as a workdir of its own). A run comes after the runs it reads
-(``after``), and every run of a kind comes after every run of the kinds before it
-(``KINDS``), so the plan's order is a valid order. What a run reads of another's output is named
-by path; the one value a plan cannot know is the learnt vocab's size, written ``{vocab_size}``
-and filled in when the run starts (:func:`resolve`).
+``python -m bertjax.finetune``, ``python -m bertjax.vocab``) with config overrides, or one of three
+in-process steps (``subset``: every k-th example of a task's splits; ``snapshot``: one
+pretraining step as a workdir of its own; ``gate``: a check of finished sweeps). A run comes
+after the runs it reads (``after``), so the plan's order is a valid order. What a run reads of
+another's output is named by path; the one value a plan cannot know is the learnt vocab's
+size, written ``{vocab_size}`` and filled in when the run starts (:func:`resolve`).
 
 The experiments (names are ``kind/...``; ``M`` is a pretrained model, ``T`` a task):
 
@@ -24,9 +23,14 @@ The experiments (names are ``kind/...``; ``M`` is a pretrained model, ``T`` a ta
 - ``snapshot/M@S``: step S of ``bert`` and ``ltr`` as a workdir of one step, so that fine-tuning
   starts from it (``init_checkpoint`` reads a workdir's newest verified step).
 - ``finetune/M/T``: the paper's selection (``mode=sweep``: learning rates x restarts) on
-  vitaminc (sentence pair, ``task.name=mnli``), qnli and wnut16 (NER, its own ten types), for
-  every model; ``finetune/M@S/T`` for the snapshots on the curve tasks (downstream accuracy
-  against pretraining steps).
+  qnli (sentence pair, ``task.name=qnli``), squad (SQuAD v1.1 spans, ``task.name=squad_v1``)
+  and wnut16 (NER, its own ten types), for every model; ``finetune/M@S/T`` for the snapshots on
+  the curve tasks (downstream accuracy against pretraining steps). The ceiling sweeps its own
+  learning rates and restarts (``Scale.ceiling_*``: a 6 x 384 model costs ~20 small ones).
+- ``gate/T``: before any other model is fine-tuned on T, ``bert`` and the ceiling must beat T's
+  trivial baseline (the majority class of its dev subset; an F1 of 0 for spans and entities) by
+  ``GATE_MARGIN`` points with their best run, or T's other runs wait (the protocol check of
+  bench/paper/README.md: a task no trained encoder learns at this scale can show no ordering).
 - ``bilstm/ltr/T`` (Table 5, "LTR & No NSP + BiLSTM": ``model.head_rnn=bilstm``) and
   ``feature_based/bert/wnut16`` (Table 7: ``mode=feature_based``, the six layer combinations)
   need keys that only issue #38 item 1 adds (``needs_key``); until the config has them the
@@ -41,12 +45,17 @@ import sys
 
 from bench.paper import scales
 
-KINDS = ("vocab", "subset", "pretrain", "snapshot", "finetune", "bilstm", "feature_based")
-TASKS = {  # folder under the data's tasks/ -> (config file, task.name)
-    "vitaminc": ("configs/finetune_glue.py", "mnli"),
-    "qnli": ("configs/finetune_glue.py", "qnli"),
-    "wnut16": ("configs/finetune_ner.py", "wnut16"),
+KINDS = ("vocab", "subset", "pretrain", "snapshot", "finetune", "gate", "bilstm", "feature_based")
+# folder under the data's tasks/ -> (config file, task.name, overrides of its own). SQuAD stays
+# unpacked (bertjax.finetune.packed); at the scale's short rows its question is cut to a quarter
+# of the row and its windows overlap by half a row.
+TASKS = {
+    "qnli": ("configs/finetune_glue.py", "qnli", {}),
+    "squad": ("configs/finetune_squad.py", "squad_v1", {"data.pack_sequences": False}),
+    "wnut16": ("configs/finetune_ner.py", "wnut16", {}),
 }
+GATED_MODELS = ("bert", "minilm_continued")  # fine-tuned on a task before its gate
+GATE_MARGIN = 2.0  # points above the trivial baseline that the gate asks of a best run
 CURVE_MODELS = ("bert", "ltr")  # the paper's Figure on training steps: MLM against LTR
 VOCAB_SIZE = "{vocab_size}"  # filled in from the learnt vocab when a run starts (resolve)
 
@@ -207,7 +216,15 @@ def _finetune_run(
     info: dict | None = None,
     needs_key: str = "",
 ) -> Run:
-    config, task_name = TASKS[task]
+    config, task_name, task_overrides = TASKS[task]
+    if task == "squad":
+        task_overrides = {
+            **task_overrides,
+            "task.max_query_length": scale.finetune_seq_length // 4,
+            "task.doc_stride": scale.finetune_seq_length // 2,
+        }
+    ceiling = model == "minilm_continued"
+    rates = scale.ceiling_learning_rates if ceiling else scale.learning_rates
     overrides = {
         "mode": "sweep",
         "init_checkpoint": init,
@@ -220,9 +237,10 @@ def _finetune_run(
         "train.global_batch_size": scale.finetune_batch,
         "train.log_every": 1000,
         "checkpoint.every_steps": 1000,
-        "sweep.learning_rates": "(" + ",".join(f"{r:g}" for r in scale.learning_rates) + ",)",
-        "sweep.num_restarts": scale.restarts,
+        "sweep.learning_rates": "(" + ",".join(f"{r:g}" for r in rates) + ",)",
+        "sweep.num_restarts": scale.ceiling_restarts if ceiling else scale.restarts,
         "seed": 0,
+        **task_overrides,
         **(extra or {}),
     }
     name = f"{kind}/{model}/{task}"
@@ -254,7 +272,8 @@ def build(data_dir: str, out_dir: str, scale: scales.Scale, minilm_dir: str) -> 
     runs = [Run("vocab/corpus", "vocab", vocab_argv, out_dir)]
     for task in TASKS:
         info = {"task": task, "source": os.path.join(data_dir, "tasks", task)}
-        info["train_examples"], info["dev_examples"] = scale.train_examples, scale.dev_examples
+        info["train_examples"] = scale.train_examples_of(task)
+        info["dev_examples"] = scale.dev_examples
         runs.append(
             Run(
                 f"subset/{task}",
@@ -265,7 +284,39 @@ def build(data_dir: str, out_dir: str, scale: scales.Scale, minilm_dir: str) -> 
             )
         )
     pretrains = _pretrain_runs(scale, out_dir, paths)
-    runs += pretrains
+    # The gated models first: their sweeps check the protocol before hours go to the rest.
+    runs += [p for p in pretrains if p.get("model") in GATED_MODELS]
+    by_model = {p.get("model"): p for p in pretrains}
+    gated = [m for m in GATED_MODELS if m in by_model]
+
+    def finetune(model: str, task: str, after: tuple[str, ...]) -> Run:
+        pretrain = by_model[model]
+        return _finetune_run(
+            "finetune",
+            scale,
+            out_dir,
+            model,
+            pretrain.workdir,
+            task,
+            (pretrain.name, f"subset/{task}", *after),
+            info={"step": scale.steps_of(model)},
+        )
+
+    for task in TASKS:
+        runs += [finetune(model, task, ()) for model in gated]
+        info = {"task": task, "models": tuple(gated), "margin": GATE_MARGIN}
+        source = os.path.join(out_dir, "tasks", task)
+        runs.append(
+            Run(
+                f"gate/{task}",
+                "gate",
+                (),
+                source,
+                tuple(f"finetune/{m}/{task}" for m in gated),
+                info=tuple(info.items()),
+            )
+        )
+    runs += [p for p in pretrains if p.get("model") not in GATED_MODELS]
     for model in CURVE_MODELS:
         for step in scale.curve_steps:
             source = os.path.join(out_dir, "pretrain", model)
@@ -280,28 +331,14 @@ def build(data_dir: str, out_dir: str, scale: scales.Scale, minilm_dir: str) -> 
                     info=tuple(info.items()),
                 )
             )
-    for pretrain in pretrains:
-        model = pretrain.get("model")
-        for task in TASKS:
-            after = (pretrain.name, f"subset/{task}")
-            runs.append(
-                _finetune_run(
-                    "finetune",
-                    scale,
-                    out_dir,
-                    model,
-                    pretrain.workdir,
-                    task,
-                    after,
-                    info={"step": scale.steps_of(model)},
-                )
-            )
+    for task in TASKS:
+        runs += [finetune(m, task, (f"gate/{task}",)) for m in by_model if m not in gated]
     for model in CURVE_MODELS:
         for step in scale.curve_steps:
             snapshot = f"snapshot/{model}@{step}"
             init = os.path.join(out_dir, "snapshots", f"{model}_at_{step}")
             for task in scale.curve_tasks:
-                after = (snapshot, f"subset/{task}")
+                after = (snapshot, f"subset/{task}", f"gate/{task}")
                 runs.append(
                     _finetune_run(
                         "finetune",
@@ -324,7 +361,7 @@ def build(data_dir: str, out_dir: str, scale: scales.Scale, minilm_dir: str) -> 
                 "ltr",
                 ltr,
                 task,
-                ("pretrain/ltr", f"subset/{task}"),
+                ("pretrain/ltr", f"subset/{task}", f"gate/{task}"),
                 extra={"model.head_rnn": "bilstm"},
                 needs_key="model.head_rnn",
             )
@@ -342,7 +379,7 @@ def _feature_based_run(scale: scales.Scale, out: str) -> Run:
         "bert",
         bert,
         "wnut16",
-        ("pretrain/bert", "subset/wnut16"),
+        ("pretrain/bert", "subset/wnut16", "gate/wnut16"),
         needs_key="feature_based.layers",
         extra={
             "mode": "feature_based",

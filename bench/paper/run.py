@@ -123,6 +123,18 @@ def _execute(run: plan.Run, out_dir: str) -> tuple[int, dict]:
         }
     if run.kind == "snapshot":
         return 0, steps.snapshot(run.get("source"), run.get("step"), run.workdir)
+    if run.kind == "gate":
+        sweeps = {}
+        for model, name in zip(run.get("models"), run.after, strict=True):
+            with open(plan.results_path(out_dir, name), encoding="utf-8") as f:
+                sweeps[model] = json.load(f)["results"]["sweep"]
+        try:
+            return 0, steps.gate(run.workdir, sweeps, run.get("margin"))
+        except steps.StepError as e:
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"{e}\n")
+            print(f"gate     {run.name}: {e}", flush=True)
+            return 1, {"log": log_path}
     argv = plan.resolve(run.argv, vocab_file)
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {shlex.join(argv)}\n")

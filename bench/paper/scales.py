@@ -38,14 +38,21 @@ class Scale:
     continue_warmup: int
     curve_steps: tuple[int, ...]  # pretraining steps fine-tuned from (the last is the run's end)
     curve_tasks: tuple[str, ...]
-    train_examples: int  # first N of each task's train split (0 = all)
-    dev_examples: int  # first N of each dev split (0 = all)
+    train_examples: int  # about N of each task's train split, strided (0 = all)
+    dev_examples: int  # about N of each dev split, strided (0 = all)
     finetune_seq_length: int
     finetune_batch: int
     finetune_epochs: float
     learning_rates: tuple[float, ...]
+    ceiling_learning_rates: tuple[float, ...]  # minilm_continued's sweep (~20x a small model's)
     restarts: int  # seeds per learning rate: the spread over seeds
+    ceiling_restarts: int  # minilm_continued's
     feature_learning_rate: float  # Table 7's BiLSTM heads on frozen activations
+    # Tasks whose train subsets differ from train_examples (SQuAD: ~3 windows a question).
+    train_examples_by_task: tuple[tuple[str, int], ...] = ()
+
+    def train_examples_of(self, task: str) -> int:
+        return dict(self.train_examples_by_task).get(task, self.train_examples)
 
     def steps_of(self, model: str) -> int:
         """Pretraining steps behind ``model`` (a ``plan`` pretraining name)."""
@@ -75,17 +82,19 @@ SCALES = {
         continue_steps=4,
         continue_warmup=2,
         curve_steps=(10,),
-        curve_tasks=("vitaminc",),
+        curve_tasks=("qnli",),
         train_examples=64,
         dev_examples=32,
         finetune_seq_length=64,
         finetune_batch=16,
         finetune_epochs=1.0,
         learning_rates=(1e-4,),
+        ceiling_learning_rates=(1e-4,),
         restarts=1,
+        ceiling_restarts=1,
         feature_learning_rate=1e-3,
     ),
-    "full": Scale(  # ~8 h at the pilot's rate, under nice on a loaded machine (README)
+    "full": Scale(  # the time it takes: bench/paper/README.md
         name="full",
         corpus_files=_SHARDS,
         vocab_files=_SHARDS,
@@ -95,22 +104,25 @@ SCALES = {
         max_seq_length=128,
         max_predictions=20,
         pretrain_batch=32,
-        pretrain_steps=1500,
-        pretrain_learning_rate=5e-4,
-        pretrain_warmup=150,
-        eval_every=250,
+        pretrain_steps=4000,
+        pretrain_learning_rate=1e-3,
+        pretrain_warmup=400,
+        eval_every=500,
         eval_batches=8,
-        continue_steps=60,
+        continue_steps=100,
         continue_warmup=10,
-        curve_steps=(250, 500, 1000),
-        curve_tasks=("vitaminc",),
-        train_examples=1000,
+        curve_steps=(500, 1000, 2000),
+        curve_tasks=("qnli",),
+        train_examples=4000,
         dev_examples=1000,
         finetune_seq_length=128,
         finetune_batch=32,
-        finetune_epochs=2.0,
+        finetune_epochs=3.0,
         learning_rates=(1e-4, 3e-4),
+        ceiling_learning_rates=(1e-4,),
         restarts=2,
+        ceiling_restarts=1,
         feature_learning_rate=1e-3,
+        train_examples_by_task=(("squad", 2000),),
     ),
 }

@@ -1,19 +1,25 @@
-"""The plan's two in-process steps; both only copy files, and both write their output whole or
-not at all (a temporary directory renamed into place).
+"""The plan's three in-process steps. The two that copy files write their output whole or not
+at all (a temporary directory renamed into place).
 
 - :func:`subset`: a task folder with every k-th example of its train and dev files, k chosen so
   that about ``train_examples`` / ``dev_examples`` remain (0 = all). The data's files are
   grouped by article or page (bench/paper/DATA.md), so a stride, not the first N, spans them.
-  TSVs keep their header; CoNLL files are cut at sentence (blank-line) boundaries; the test
-  files the readers do not require are not copied (the miniature reports dev, as the paper's
-  ablations do).
+  TSVs keep their header; CoNLL files are cut at sentence (blank-line) boundaries; SQuAD JSON
+  keeps every k-th question, in its paragraph and article (those left with none are dropped);
+  the test files the readers do not require are not copied (the miniature reports dev, as the
+  paper's ablations do).
 - :func:`snapshot`: step S of a pretraining workdir as a workdir that holds only that step: the
   record files beside ``checkpoints/S/`` (layout: ``bertjax.training.checkpoint``), which
   ``init_checkpoint`` reads as its newest verified step.
+- :func:`gate`: whether the gated models' sweeps on a task beat its trivial baseline (the
+  majority class of a classification task's dev subset; 0 for span and entity F1) by a margin
+  with their best runs: the protocol check before the other models are fine-tuned on it.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import math
 import os
 import shutil
@@ -24,8 +30,8 @@ from bertjax.training import checkpoint, workdir
 # Every labelled evaluation split the task's reader requires (MNLI's reader reads both of its;
 # VitaminC's dev_mismatched.tsv is its test split, bench/paper/DATA.md); the sweep selects by the
 # first.
-DEV_FILES = ("dev.tsv", "dev_matched.tsv", "dev_mismatched.tsv", "dev.txt")
-TRAIN_FILES = ("train.tsv", "train.txt")
+DEV_FILES = ("dev.tsv", "dev_matched.tsv", "dev_mismatched.tsv", "dev.txt", "dev-v1.1.json")
+TRAIN_FILES = ("train.tsv", "train.txt", "train-v1.1.json")
 RECORD_FILES = (workdir.META_FILE, checkpoint.CONFIG_FILE, checkpoint.VOCAB_FILE, "config.json")
 
 
@@ -48,9 +54,36 @@ def strided(items: list, wanted: int) -> list:
     return items[:: math.ceil(len(items) / wanted)]
 
 
+def _subset_squad(text: str, source: str, wanted: int) -> tuple[str, int]:
+    """SQuAD v1.1 JSON with every k-th question; paragraphs and articles left empty dropped."""
+    try:
+        data = json.loads(text)
+        questions = [qa["id"] for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise StepError(f"{source}: not SQuAD v1.1 JSON ({e})") from None
+    kept = set(strided(questions, wanted))
+    articles = []
+    for article in data["data"]:
+        paragraphs = []
+        for paragraph in article["paragraphs"]:
+            qas = [qa for qa in paragraph["qas"] if qa["id"] in kept]
+            if qas:
+                paragraphs.append({**paragraph, "qas": qas})
+        if paragraphs:
+            articles.append({**article, "paragraphs": paragraphs})
+    return json.dumps({**data, "data": articles}), len(kept)
+
+
 def _subset_file(source: str, dest: str, wanted: int) -> int:
     with open(source, encoding="utf-8") as f:
         text = f.read()
+    if source.endswith(".json"):
+        out, count = _subset_squad(text, source, wanted)
+        if not count:
+            raise StepError(f"{source}: no questions")
+        with open(dest, "w", encoding="utf-8") as f:
+            f.write(out)
+        return count
     conll = source.endswith(".txt")
     header, examples = _examples(text, conll)
     kept = strided(examples, wanted)
@@ -94,3 +127,31 @@ def snapshot(source: str, step: int, dest: str) -> dict:
     shutil.rmtree(dest, ignore_errors=True)
     os.rename(staging, dest)
     return {"source": source, "step": step}
+
+
+def trivial_baseline(task_dir: str) -> float:
+    """The dev score of always answering the same: the majority class's share (in %) of a GLUE
+    TSV's labels (its last column), or 0 for span and entity F1 (no answer, no entity)."""
+    path = os.path.join(task_dir, "dev.tsv")
+    if not os.path.exists(path):
+        return 0.0
+    with open(path, encoding="utf-8") as f:
+        labels = [line.rstrip("\n").split("\t")[-1] for line in f.readlines()[1:] if line.strip()]
+    if not labels:
+        raise StepError(f"{path}: no examples")
+    return 100.0 * collections.Counter(labels).most_common(1)[0][1] / len(labels)
+
+
+def gate(task_dir: str, sweeps: dict[str, dict], margin: float) -> dict:
+    """{baseline, best score per model}; a StepError naming each model whose best run of its
+    ``sweeps[model]`` (``bertjax.finetune.sweep``'s results) is not ``margin`` points above
+    the task's trivial baseline."""
+    baseline = trivial_baseline(task_dir)
+    best = {m: max(float(r["score"]) for r in sweep["rows"]) for m, sweep in sweeps.items()}
+    below = [f"{m} {b:.1f}" for m, b in best.items() if b < baseline + margin]
+    if below:
+        raise StepError(
+            f"{task_dir}: {', '.join(below)} not {margin:g} points above the trivial baseline "
+            f"{baseline:.1f}: the task is not learnt at this scale"
+        )
+    return {"baseline": baseline, "margin": margin, "best": best}

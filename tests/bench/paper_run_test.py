@@ -41,13 +41,25 @@ def test_the_plan_holds_every_experiment_in_an_order_that_reads_only_finished_ru
         "bert_L2_H96",
     }
     for model in pretrains:
-        assert {f"finetune/{model}/{t}" for t in ("vitaminc", "qnli", "wnut16")} <= set(names)
+        assert {f"finetune/{model}/{t}" for t in ("qnli", "squad", "wnut16")} <= set(names)
     for model in plan.CURVE_MODELS:
         for step in SMOKE.curve_steps:
             assert f"snapshot/{model}@{step}" in names
-            assert f"finetune/{model}@{step}/vitaminc" in names
+            assert f"finetune/{model}@{step}/qnli" in names
+    # Every fine-tuning on a task but the gated models' waits for the task's gate, which reads
+    # those; and the gated models' pretraining comes before every other pretraining.
+    by_name = {r.name: r for r in runs}
+    for r in runs:
+        if r.kind in ("finetune", "bilstm", "feature_based") and r.get("model") not in (
+            plan.GATED_MODELS
+        ):
+            assert f"gate/{r.get('task')}" in r.after, r.name
+    assert by_name["gate/squad"].after == ("finetune/bert/squad", "finetune/minilm_continued/squad")
+    pretrain_order = [r.get("model") for r in runs if r.kind == "pretrain"]
+    assert pretrain_order[:2] == ["bert", "minilm_continued"]
+    assert names.index("gate/wnut16") < names.index("pretrain/no_nsp")
     assert {r.name: r.needs_key for r in runs if r.needs_key} == {
-        "bilstm/ltr/vitaminc": "model.head_rnn",
+        "bilstm/ltr/squad": "model.head_rnn",
         "bilstm/ltr/qnli": "model.head_rnn",
         "bilstm/ltr/wnut16": "model.head_rnn",
         "feature_based/bert/wnut16": "feature_based.layers",
@@ -86,14 +98,25 @@ def test_the_pretraining_variants_differ_only_where_the_paper_varies_them():
 
 def test_finetuning_runs_are_the_papers_sweep_from_the_right_checkpoint():
     runs = {r.name: r for r in _plan(FULL)}
-    o = _overrides(runs["finetune/bert/vitaminc"])
-    assert o["mode"] == "sweep" and o["task.name"] == "mnli"
+    o = _overrides(runs["finetune/bert/qnli"])
+    assert o["mode"] == "sweep" and o["task.name"] == "qnli" and o["data.pack_sequences"] == "True"
     assert o["init_checkpoint"] == "/out/pretrain/bert"
     assert o["sweep.learning_rates"] == "(" + ",".join(f"{x:g}" for x in FULL.learning_rates) + ",)"
     assert o["sweep.num_restarts"] == str(FULL.restarts)
-    assert o["task.data_dir"] == "/out/tasks/vitaminc"
+    assert o["task.data_dir"] == "/out/tasks/qnli"
+    squad = _overrides(runs["finetune/bert/squad"])
+    assert runs["finetune/bert/squad"].argv[3] == "--config=configs/finetune_squad.py"
+    assert squad["task.name"] == "squad_v1" and squad["data.pack_sequences"] == "False"
+    assert int(squad["task.doc_stride"]) + int(squad["task.max_query_length"]) + 3 < int(
+        squad["data.max_seq_length"]
+    )
+    ceiling = _overrides(runs["finetune/minilm_continued/wnut16"])
+    assert ceiling["sweep.num_restarts"] == str(FULL.ceiling_restarts)
+    assert ceiling["sweep.learning_rates"] == (
+        "(" + ",".join(f"{x:g}" for x in FULL.ceiling_learning_rates) + ",)"
+    )
     step = FULL.curve_steps[0]
-    curve = _overrides(runs[f"finetune/ltr@{step}/vitaminc"])
+    curve = _overrides(runs[f"finetune/ltr@{step}/qnli"])
     assert curve["init_checkpoint"] == f"/out/snapshots/ltr_at_{step}"
     assert _overrides(runs["bilstm/ltr/qnli"])["model.head_rnn"] == "bilstm"
     assert _overrides(runs["feature_based/bert/wnut16"])["mode"] == "feature_based"
@@ -103,10 +126,15 @@ def test_only_selects_runs_with_everything_they_read():
     names = [r.name for r in plan.select(_plan(), "finetune/ltr@")]
     assert names == [
         "vocab/corpus",
-        "subset/vitaminc",
+        "subset/qnli",
+        "pretrain/bert",
+        "pretrain/minilm_continued",
+        "finetune/bert/qnli",
+        "finetune/minilm_continued/qnli",
+        "gate/qnli",
         "pretrain/ltr",
         "snapshot/ltr@10",
-        "finetune/ltr@10/vitaminc",
+        "finetune/ltr@10/qnli",
     ]
     with pytest.raises(ValueError, match="'nope' matches no run"):
         plan.select(_plan(), "nope")
@@ -175,6 +203,70 @@ def test_subset_strides_over_the_file_and_keeps_headers_and_sentences(tmp_path):
     assert sorted(os.listdir(dst)) == ["dev.txt", "dev_mismatched.tsv", "train.tsv"]
     with pytest.raises(steps.StepError, match="expected a train and a dev file"):
         steps.subset(str(tmp_path / "out"), str(tmp_path / "x"), 1, 1)
+
+
+def test_subset_of_squad_keeps_every_kth_question_in_its_paragraph(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "out" / "squad"
+    src.mkdir()
+    qa = lambda i: {"id": f"q{i}", "question": "?", "answers": [{"text": "a", "answer_start": 0}]}  # noqa: E731
+    data = {
+        "version": "1.1",
+        "data": [
+            {"title": "A", "paragraphs": [{"context": "a b", "qas": [qa(0), qa(1), qa(2)]}]},
+            {"title": "B", "paragraphs": [{"context": "c", "qas": [qa(3)]}]},
+            {"title": "C", "paragraphs": [{"context": "d", "qas": [qa(4), qa(5)]}]},
+        ],
+    }
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (src / name).write_text(json.dumps(data))
+    assert steps.subset(str(src), str(dst), 2, 0) == {"train-v1.1.json": 2, "dev-v1.1.json": 6}
+    kept = json.loads((dst / "train-v1.1.json").read_text())
+    assert [a["title"] for a in kept["data"]] == ["A", "B"]  # q0 and q3; C had neither
+    assert [q["id"] for a in kept["data"] for p in a["paragraphs"] for q in p["qas"]] == [
+        "q0",
+        "q3",
+    ]
+    assert json.loads((dst / "dev-v1.1.json").read_text()) == data
+    (src / "train-v1.1.json").write_text('{"data": 1}')
+    with pytest.raises(steps.StepError, match="train-v1.1.json: not SQuAD v1.1 JSON"):
+        steps.subset(str(src), str(dst), 2, 0)
+
+
+def test_the_gate_asks_each_gated_model_to_beat_the_trivial_baseline(tmp_path):
+    task = tmp_path / "qnli"
+    task.mkdir()
+    labels = ["entailment"] * 6 + ["not_entailment"] * 4
+    (task / "dev.tsv").write_text("index\tq\ts\tlabel\n" + "".join(f"{i}\tq\ts\t{y}\n"
+                                  for i, y in enumerate(labels)))  # fmt: skip
+    assert steps.trivial_baseline(str(task)) == 60.0
+    assert steps.trivial_baseline(str(tmp_path / "wnut16")) == 0.0  # F1 of no entity
+    sweep = lambda *scores: {"rows": [{"score": s} for s in scores]}  # noqa: E731
+    passed = steps.gate(str(task), {"bert": sweep(55.0, 63.0), "ceiling": sweep(70.0)}, 2.0)
+    assert passed == {"baseline": 60.0, "margin": 2.0, "best": {"bert": 63.0, "ceiling": 70.0}}
+    with pytest.raises(steps.StepError, match=r"bert 61\.5 not 2 points above .* 60\.0"):
+        steps.gate(str(task), {"bert": sweep(61.5), "ceiling": sweep(70.0)}, 2.0)
+
+
+def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
+    out = tmp_path / "out"
+    task = out / "tasks" / "qnli"
+    task.mkdir(parents=True)
+    (task / "dev.tsv").write_text("h\n0\ta\tb\tentailment\n1\ta\tb\tnot_entailment\n")
+    for model, score in (("bert", 50.5), ("minilm_continued", 80.0)):
+        record = {"results": {"sweep": {"rows": [{"score": score}]}}}
+        path = plan.results_path(str(out), f"finetune/{model}/qnli")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(record, f)
+    gate = next(r for r in _plan() if r.name == "gate/qnli")
+    gate = plan.Run(gate.name, gate.kind, (), str(task), gate.after, info=gate.info)
+    waiting = plan.Run("finetune/no_nsp/qnli", "finetune", ("true",), "/w", ("gate/qnli",))
+    failed = run.run_plan([gate, waiting], str(out), "full", ["x"], execute=run._execute)
+    assert failed == ["gate/qnli"]
+    printed = capsys.readouterr().out
+    assert "bert 50.5 not 2 points above the trivial baseline 50.0" in printed
+    assert "skipped  finetune/no_nsp/qnli: waits for gate/qnli" in printed
+    assert "not learnt" in (out / "logs" / "gate__qnli.log").read_text()
 
 
 def test_snapshot_copies_one_step_and_the_record(tmp_path):
@@ -274,15 +366,15 @@ def test_the_report_shows_mean_and_spread_from_results_and_names_missing_runs(tm
     table5 = text.split("## Table 5")[1].split("##")[0]
     bert_row = next(line for line in table5.splitlines() if line.startswith("| BERT"))
     assert bert_row.split(" | ")[1:4] == [
-        "missing",
         "82.0 ± 2.0 (n=3, lr 0.0001; best 90.0)",
+        "missing",
         "missing",
     ]
     table6 = text.split("## Table 6")[1].split("##")[0]
     assert "| 2 | 64 | 2 | 25.0 / 2.7 |" in table6  # final step's accuracy, exp(1.0) = 2.7
     assert "2-core test" in table5 and "abc1234" in table5
     missing = text.split("## Missing runs")[1]
-    assert "`finetune/bert/vitaminc`" in missing and "`finetune/bert/qnli`" not in missing
+    assert "`finetune/bert/squad`" in missing and "`finetune/bert/qnli`" not in missing
     assert "not findings" not in text
     curves = text.split("## Curves")[1].split("##")[0]
     assert "| held-out MLM acc: bert | 10.0 | 25.0 |" in curves
