@@ -68,7 +68,13 @@ def head_rnn(config, bert_config: BertConfig) -> BiLSTMConfig | None:
 
 def build_model(task, bert_config: BertConfig, rnn: BiLSTMConfig | None = None) -> nn.Module:
     """The model of ``task.head`` (``bertjax.model.heads``) on ``bert_config``, with the BiLSTM
-    ``rnn`` (:func:`head_rnn`) between the encoder and the head when given."""
+    ``rnn`` (:func:`head_rnn`) between the encoder and the head when given ('modernbert' task
+    models are HF's ``ModernBertFor*``, which have no BiLSTM: a FinetuneInputError)."""
+    if rnn is not None and bert_config.is_modern:
+        raise FinetuneInputError(
+            "config.model.head_rnn='bilstm': the BiLSTM head (the paper's Table 5) is BERT's; "
+            "architecture 'modernbert' has HF's prediction heads"
+        )
     if task.head in ("classification", "regression"):
         return heads.BertForSequenceClassification(bert_config, task.num_labels, rnn)
     if task.head == "span":

@@ -13,11 +13,12 @@ are (:data:`ARCHITECTURES`):
     BertForQuestionAnswering               encoder, span (qa_outputs)    ('span')
     BertForMultipleChoice                  encoder, pooler, classifier   ('choice')
 
-A ModernBERT directory (``model_type: modernbert``; ``ModernBertModel`` or
-``ModernBertForMaskedLM``, names in ``bertjax.interop.modernbert``) is read and written too,
-with a WordPiece ``vocab.txt``: a pretrained 'modernbert' checkpoint exports as
-``ModernBertForMaskedLM`` (its pooler and NSP head, which ModernBERT has not, left out) with
-the vocab's special-token ids; ModernBERT's own BPE ``tokenizer.json`` is not read yet.
+A ModernBERT directory (``model_type: modernbert``; ``ModernBertModel``, ``ModernBertForMaskedLM``
+or ``ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}``,
+names in ``bertjax.interop.modernbert``) is read and written too, with a WordPiece ``vocab.txt``:
+a pretrained 'modernbert' checkpoint exports as ``ModernBertForMaskedLM`` (its pooler and NSP
+head, which ModernBERT has not, left out), a fine-tuned one as its task's class, with the
+vocab's special-token ids; ModernBERT's own BPE ``tokenizer.json`` is not read yet.
 
 Reading accepts ``BertModel`` or composite key names, with or without the ``bert.`` prefix, old
 ``gamma``/``beta`` LayerNorm names too; tolerated and dropped: the ``position_ids`` buffer, and
@@ -178,6 +179,7 @@ def _task(values: dict, path: str) -> tuple[dict | None, int]:
     if not isinstance(architectures, list):
         raise ConvertError(f"{path}: architectures={architectures!r:.60}, expected a list")
     head = ARCHITECTURES.get(architectures[0], (None,))[0]
+    head = head or modernbert.TASK_CLASSES.get(architectures[0])
     if head is None:
         return None, 0
     name = values.get("finetuning_task")
@@ -237,10 +239,12 @@ def _casing(src: str, vocab_file: str, do_lower_case, casing_from_vocab: bool) -
 
 
 def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab) -> Converted:
-    """A ModernBERT directory (``model_type: modernbert``): ``ModernBertModel`` or
-    ``…ForMaskedLM`` weights with a WordPiece ``vocab.txt`` (what :func:`write` exports);
-    ModernBERT's own byte-level BPE ``tokenizer.json`` is not read yet: one line."""
+    """A ModernBERT directory (``model_type: modernbert``): ``ModernBertModel``, ``…ForMaskedLM``
+    or a task class's weights (``modernbert.TASK_CLASSES``) with a WordPiece ``vocab.txt`` (what
+    :func:`write` exports); ModernBERT's own byte-level BPE ``tokenizer.json`` is not read yet:
+    one line."""
     cfg = modernbert.config_from_hf(values, config_path)
+    task, classes = _task(values, config_path)
     vocab_file = os.path.join(src, "vocab.txt")
     if not epath.Path(vocab_file).exists():
         raise ConvertError(
@@ -257,9 +261,17 @@ def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab)
     if decoder is not None and (embedding is None or not np.array_equal(decoder, embedding)):
         raise ConvertError(f"{source}: 'decoder.weight' is not tied to the token embeddings")
     params = modernbert.to_params(tensors, cfg, source)
+    if task is not None:
+        outputs = {"span": 2, "choice": 1}.get(task["head"], classes)
+        found = mapping.classifier_outputs(params)
+        if found != outputs:
+            raise ConvertError(
+                f"{source}: a {values['architectures'][0]} ({task['head']}) needs a classifier "
+                f"of {outputs} outputs, found {found or 'none'}"
+            )
     check_vocab(vocab_file, cfg, source, "embeddings.tok_embeddings.weight")
     casing = _casing(src, vocab_file, do_lower_case, casing_from_vocab)
-    return Converted(params, cfg, vocab_file, casing, None)
+    return Converted(params, cfg, vocab_file, casing, task)
 
 
 # ---------------------------------------------------------------- writing
@@ -282,7 +294,7 @@ def architecture(conv: Converted) -> tuple[str, dict]:
             f"heads {sorted(heads)}: HF export needs pooler+mlm+nsp (BertForPreTraining), at "
             "most a pooler (BertModel), or a fine-tuned checkpoint's task record"
         )
-    head, labels = conv.task["head"], conv.task["labels"]
+    head = conv.task["head"]
     if head not in TASK_ARCHITECTURES:
         raise ConvertError(f"task head {head!r}: expected one of {sorted(TASK_ARCHITECTURES)}")
     arch = TASK_ARCHITECTURES[head]
@@ -291,8 +303,17 @@ def architecture(conv: Converted) -> tuple[str, dict]:
             f"task head {head!r} ({arch}) needs params {sorted(ARCHITECTURES[arch][1])} besides "
             f"the encoder, found {sorted(heads)}"
         )
+    return arch, _task_fields(conv, head != "span")
+
+
+def _task_fields(conv: Converted, has_classifier: bool) -> dict:
+    """The ``config.json`` fields of a fine-tuned checkpoint's task (its labels and problem
+    type), after checking its classifier's outputs against them."""
+    head, labels = conv.task["head"], conv.task["labels"]
     outputs = {"classification": len(labels or ()), "tagging": len(labels or ())}.get(head, 1)
-    if head != "span" and mapping.classifier_outputs(conv.params) != outputs:
+    if conv.config.is_modern and head == "span":
+        outputs = 2  # ModernBertForQuestionAnswering's classifier: start, end
+    if has_classifier and mapping.classifier_outputs(conv.params) != outputs:
         raise ConvertError(
             f"task head {head!r} with labels {labels}: the classifier has "
             f"{mapping.classifier_outputs(conv.params)} outputs, expected {outputs}"
@@ -305,22 +326,36 @@ def architecture(conv: Converted) -> tuple[str, dict]:
     if head in ("classification", "regression"):
         kind = "regression" if head == "regression" else "single_label_classification"
         fields["problem_type"] = kind
-    return arch, fields
+    return fields
 
 
 def _modernbert_export(conv: Converted) -> tuple[dict, dict]:
-    """(tensors, config.json) of a 'modernbert' checkpoint: ``ModernBertForMaskedLM`` with its
+    """(tensors, config.json) of a 'modernbert' checkpoint: a fine-tuned one as its task's class
+    (``modernbert.TASK_ARCHITECTURES``, with its labels), else ``ModernBertForMaskedLM`` with its
     MLM head, else ``ModernBertModel``; a pretraining checkpoint's pooler and NSP head (which
     ModernBERT has not) are left out. Special-token ids are the vocab's."""
-    if conv.task is not None or "bilstm" in conv.params:
-        raise ConvertError(
-            "a fine-tuned 'modernbert' checkpoint: only pretrained ones export to HF so far"
-        )
-    params = {k: v for k, v in conv.params.items() if k in ("encoder", "mlm")}
-    tensors = modernbert.from_params(params, conv.config)
-    arch = "ModernBertForMaskedLM"
-    if "mlm" not in params:  # ModernBertModel's own names
-        arch, tensors = "ModernBertModel", {k[len("model.") :]: v for k, v in tensors.items()}
+    if "bilstm" in conv.params:
+        raise ConvertError("a BiLSTM head: transformers has no ModernBERT class with one")
+    task_fields = {}
+    if conv.task is not None:
+        head = conv.task["head"]
+        if head not in modernbert.TASK_ARCHITECTURES or not {"head", "classifier"} <= set(
+            conv.params
+        ):
+            raise ConvertError(
+                f"task head {head!r} with params {sorted(conv.params)}: a 'modernbert' task model "
+                f"has encoder, head and classifier ({sorted(modernbert.TASK_ARCHITECTURES)})"
+            )
+        task_fields = _task_fields(conv, True)
+        params = {k: v for k, v in conv.params.items() if k in ("encoder", "head", "classifier")}
+        arch = modernbert.TASK_ARCHITECTURES[head]
+        tensors = modernbert.from_params(params, conv.config)
+    else:
+        params = {k: v for k, v in conv.params.items() if k in ("encoder", "mlm")}
+        tensors = modernbert.from_params(params, conv.config)
+        arch = "ModernBertForMaskedLM"
+        if "mlm" not in params:  # ModernBertModel's own names
+            arch, tensors = "ModernBertModel", {k[len("model.") :]: v for k, v in tensors.items()}
     with epath.Path(conv.vocab_file).open() as f:
         ids = {line.strip(): i for i, line in enumerate(f)}
     specials = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
@@ -328,6 +363,7 @@ def _modernbert_export(conv: Converted) -> tuple[dict, dict]:
     hf_config = {
         **modernbert.config_to_hf(conv.config),
         "architectures": [arch],
+        **task_fields,
         **{key: ids.get(token, 0) for key, token in specials.items()},
         "torch_dtype": "float32",
     }

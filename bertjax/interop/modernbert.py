@@ -17,6 +17,13 @@ head dim D, intermediate F, vocab V; HF stores linear maps ``[out, in]``:
     head.dense.weight [H, H], head.norm.*        mlm/transform/kernel, mlm/layer_norm/*
     decoder.weight (tied), decoder.bias [V]      (the word embeddings), mlm/output_bias
 
+A fine-tuned model (``ModernBertFor{SequenceClassification,TokenClassification,
+QuestionAnswering,MultipleChoice}``: ``bertjax.model.heads``' 'modernbert' task models) has, in
+place of the MLM head, C outputs (labels; 2 for spans, 1 for a choice):
+
+    head.dense.weight [H, H], head.norm.*        head/transform/kernel, head/layer_norm/*
+    classifier.{weight [C, H], bias [C]}         classifier/dense/{kernel <H, C>, bias}
+
 Biases (``.bias``) exist where the config's ``attention_bias``, ``mlp_bias``, ``norm_bias``,
 ``classifier_bias`` (the head's dense) and ``decoder_bias`` say. HF's dropouts map to
 ``attention_dropout_rate`` (``attention_dropout``) and ``hidden_dropout_rate``
@@ -50,7 +57,19 @@ CONFIG_FIELDS = (
     ("norm_bias", "norm_bias", False),
     ("classifier_bias", "head_bias", False),
     ("decoder_bias", "decoder_bias", True),
+    ("classifier_pooling", "classifier_pooling", "cls"),
+    ("classifier_dropout", "classifier_dropout_rate", 0.0),
 )
+# HF task class -> bertjax fine-tuning head (bertjax.finetune.tasks.HEADS; 'classification'
+# is 'regression' for problem_type regression or one label), and back.
+TASK_CLASSES = {
+    "ModernBertForSequenceClassification": "classification",
+    "ModernBertForTokenClassification": "tagging",
+    "ModernBertForQuestionAnswering": "span",
+    "ModernBertForMultipleChoice": "choice",
+}
+TASK_ARCHITECTURES = {head: cls for cls, head in TASK_CLASSES.items()}
+TASK_ARCHITECTURES["regression"] = "ModernBertForSequenceClassification"
 
 
 def is_modernbert(values: dict) -> bool:
@@ -105,9 +124,10 @@ def config_to_hf(cfg: BertConfig) -> dict:
     return values
 
 
-def _layout(cfg: BertConfig, mlm: bool):
-    """(HF name, bertjax path, bertjax shape, HF -> bertjax, bertjax -> HF) for every weight;
-    ``Wqkv`` appears three times, once per projection, each taking its third."""
+def _layout(cfg: BertConfig, mlm: bool, classes: int = 0):
+    """(HF name, bertjax path, bertjax shape, HF -> bertjax, bertjax -> HF) for every weight, with
+    the MLM head or a task head of ``classes`` outputs; ``Wqkv`` appears three times, once per
+    projection, each taking its third."""
     h, n, d, f, v = (
         cfg.hidden_size,
         cfg.num_heads,
@@ -185,20 +205,27 @@ def _layout(cfg: BertConfig, mlm: bool):
         yield from norm("head.norm", ("mlm", "layer_norm"))
         if cfg.decoder_bias:
             yield "decoder.bias", ("mlm", "output_bias"), (v,), same, same
+    if classes:
+        yield from dense("head.dense", ("head", "transform"), (h, h), 1, cfg.head_bias)
+        yield from norm("head.norm", ("head", "layer_norm"))
+        yield from dense("classifier", ("classifier", "dense"), (h, classes), 1, True)
 
 
 def to_params(tensors: dict[str, np.ndarray], cfg: BertConfig, source: str) -> dict:
-    """HF ModernBERT tensors (``ModernBertModel``'s names with or without ``model.``, or
-    ``ModernBertForMaskedLM``'s) -> bertjax float32 params: ``encoder`` and, when the source
-    has the MLM head, ``mlm``. ConvertError naming ``source`` and the tensor for a missing one
-    or a wrong shape; tensors it does not read (another head's) are ignored."""
+    """HF ModernBERT tensors (``ModernBertModel``'s names with or without ``model.``,
+    ``ModernBertForMaskedLM``'s or a task class's) -> bertjax float32 params: ``encoder`` and,
+    when the source has one, ``mlm`` or a task model's ``head`` and ``classifier``. ConvertError
+    naming ``source`` and the tensor for a missing one or a wrong shape."""
     tensors = {
-        (k if k.startswith(("model.", "head.", "decoder.")) else f"model.{k}"): v
+        (k if k.startswith(("model.", "head.", "decoder.", "classifier.")) else f"model.{k}"): v
         for k, v in tensors.items()
     }
-    mlm = "head.dense.weight" in tensors
+    classes = 0
+    if "classifier.weight" in tensors:
+        classes = int(np.shape(tensors["classifier.weight"])[0])
+    mlm = not classes and "head.dense.weight" in tensors
     params: dict = {}
-    for hf_name, path, shape, to_bertjax, _ in _layout(cfg, mlm):
+    for hf_name, path, shape, to_bertjax, _ in _layout(cfg, mlm, classes):
         if hf_name not in tensors:
             raise ConvertError(f"{source}: missing tensor {hf_name!r} for {'/'.join(path)}")
         value = np.asarray(tensors[hf_name], dtype=np.float32)
@@ -219,12 +246,16 @@ def to_params(tensors: dict[str, np.ndarray], cfg: BertConfig, source: str) -> d
 
 
 def from_params(params: dict, cfg: BertConfig) -> dict[str, np.ndarray]:
-    """bertjax params (``encoder``, and ``mlm`` when present) -> HF ModernBERT tensors, named as
-    ``ModernBertForMaskedLM``'s (``decoder.weight`` is the tied embedding)."""
+    """bertjax params (``encoder``, and ``mlm`` or a task model's ``head`` and ``classifier``
+    when present) -> HF ModernBERT tensors, named as ``ModernBertForMaskedLM``'s or the task
+    class's (``decoder.weight`` is the tied embedding)."""
     mlm = "mlm" in params
+    classes = 0
+    if "classifier" in params:
+        classes = int(np.shape(params["classifier"]["dense"]["bias"])[0])
     tensors: dict[str, np.ndarray] = {}
     pending: dict[str, list] = {}
-    for hf_name, path, _, _, to_hf in _layout(cfg, mlm):
+    for hf_name, path, _, _, to_hf in _layout(cfg, mlm, classes):
         value = params
         for key in path:
             value = value[key]

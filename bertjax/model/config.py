@@ -23,6 +23,7 @@ ATTENTION_KINDS = ("bidirectional", "causal")
 # token embeddings only, pre-LayerNorm layers (none before layer 0's attention), RoPE, a GLU MLP,
 # local attention on every layer i with i % global_attn_every_n_layers != 0, and a final norm.
 ARCHITECTURES = ("bert", "modernbert")
+POOLINGS = ("cls", "mean")  # 'modernbert' sentence heads (BertConfig.classifier_pooling)
 # What each layer keeps for the backward pass (the rest is recomputed): none = everything;
 # full = nothing; dots = every matmul output (with the XLA attention: its [B, N, L, L] scores);
 # dots_no_batch = the projections' outputs; dots_attention = those and the flash kernel's
@@ -103,7 +104,12 @@ class BertConfig:
     norm_bias: bool = False
     head_bias: bool = False  # the MLM head's dense (HF's classifier_bias)
     decoder_bias: bool = True  # the MLM decoder's output bias
-    head_act: str = "gelu"  # the MLM head's activation (HF's classifier_activation)
+    head_act: str = "gelu"  # the MLM and task heads' activation (HF's classifier_activation)
+    # The fine-tuning heads (HF's ModernBertFor{SequenceClassification,TokenClassification,
+    # QuestionAnswering,MultipleChoice}): what a sentence head reads ('cls': the [CLS] state;
+    # 'mean': the mean over the example's tokens) and the dropout before the classifier.
+    classifier_pooling: str = "cls"
+    classifier_dropout_rate: float = 0.0
 
     def __post_init__(self):
         def check(cond, field, expected):
@@ -124,7 +130,7 @@ class BertConfig:
             "hidden_size",
             f"a multiple of num_heads={self.num_heads}",
         )
-        for field in ("hidden_dropout_rate", "attention_dropout_rate"):
+        for field in ("hidden_dropout_rate", "attention_dropout_rate", "classifier_dropout_rate"):
             value = getattr(self, field)
             check(number(value) and 0.0 <= value < 1.0, field, "a rate in [0, 1)")
         for field in ("initializer_range", "layer_norm_eps"):
@@ -151,6 +157,7 @@ class BertConfig:
         for field in ("attention_bias", "mlp_bias", "norm_bias", "head_bias", "decoder_bias"):
             check(isinstance(getattr(self, field), bool), field, "a bool")
         check(self.head_act in ACTIVATIONS, "head_act", f"one of {ACTIVATIONS}")
+        check(self.classifier_pooling in POOLINGS, "classifier_pooling", f"one of {POOLINGS}")
         if self.is_modern:
             check(
                 not self.scan_layers,

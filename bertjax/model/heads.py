@@ -14,7 +14,11 @@ them (a pretraining checkpoint initialises a fine-tuning model by copying ``enco
 
 Task heads (classification/regression, span, tagging, multiple choice; used by
 ``bertjax.finetune``) are at the end of this file and use the same ``encoder``/``pooler`` names;
-their own subtrees are ``classifier/dense`` (or ``span`` for SQuAD).
+their own subtrees are ``classifier/dense`` (or ``span`` for SQuAD). 'modernbert' task models are
+HF's ``ModernBertFor*`` ones: no pooler; a ``head`` (``transform`` dense, activation,
+``layer_norm``: ``ModernBertPredictionHead``) on the pooled state (``classifier_pooling``: [CLS]
+or the mean over the example's tokens) or on every token, then dropout and ``classifier/dense``
+(SQuAD's too: <H, 2>).
 
 With ``rnn`` (a :class:`~bertjax.model.bilstm.BiLSTMConfig`: the paper's Table 5 "+ BiLSTM") a
 randomly initialised BiLSTM, subtree ``bilstm`` (``bertjax.model.bilstm``), reads the encoder's
@@ -56,6 +60,17 @@ class Pooler(nn.Module):
         return jnp.tanh(Dense((cfg.hidden_size,), (sh.EMBED, None), cfg, name="dense")(first))
 
 
+def prediction_transform(cfg: BertConfig, x: jax.Array, act: str) -> jax.Array:
+    """dense ``transform`` -> ``act`` -> LayerNorm ``layer_norm``, in the calling module's scope:
+    the MLM head's transform and 'modernbert''s task ``head`` (HF's ``ModernBertPredictionHead``).
+    The dense has a bias unless ``cfg.bias('head')`` is off."""
+    h = Dense(
+        (cfg.hidden_size,), (sh.EMBED, None), cfg, use_bias=cfg.bias("head"),
+        init_scale=cfg.output_init_scale, name="transform",
+    )(x)  # fmt: skip
+    return layer_norm(cfg, "layer_norm")(activation(act)(h))
+
+
 class MaskedLMHead(nn.Module):
     """MLM logits at the masked positions only, through the decoder tied to the token embedding:
     dense -> activation -> LayerNorm -> decoder (+ output bias). 'modernbert' (HF's
@@ -74,12 +89,7 @@ class MaskedLMHead(nn.Module):
         gathered = sequence_output
         if masked_lm_positions is not None:
             gathered = gather_positions(sequence_output, masked_lm_positions)
-        h = Dense(
-            (cfg.hidden_size,), (sh.EMBED, None), cfg, use_bias=cfg.bias("head"),
-            init_scale=cfg.output_init_scale, name="transform",
-        )(gathered)  # fmt: skip
-        act = cfg.head_act if cfg.is_modern else cfg.hidden_act
-        h = layer_norm(cfg, "layer_norm")(activation(act)(h))
+        h = prediction_transform(cfg, gathered, cfg.head_act if cfg.is_modern else cfg.hidden_act)
         logits = decoder(h).astype(jnp.float32)
         if cfg.bias("decoder"):
             bias = self.param(
@@ -227,16 +237,54 @@ class BertForMaskedLM(nn.Module):
 
 
 class ClassificationOutput(nn.Module):
-    """Dropout + dense: <dtype>[..., H] -> <float32>[..., features] (original run_classifier.py)."""
+    """Dropout + dense: <dtype>[..., H] -> <float32>[..., features] (original run_classifier.py;
+    'modernbert': HF's ``drop`` and ``classifier``, at ``classifier_dropout_rate``, its kernel
+    initialised with std H^-1/2)."""
 
     config: BertConfig
     features: int
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-        x = Dropout(self.config.hidden_dropout_rate)(x, deterministic=deterministic)
-        dense = Dense((self.features,), (sh.EMBED, None), self.config, name="dense")
+        cfg = self.config
+        rate = cfg.classifier_dropout_rate if cfg.is_modern else cfg.hidden_dropout_rate
+        scale = cfg.hidden_size**-0.5 / cfg.initializer_range if cfg.is_modern else 1.0
+        x = Dropout(rate)(x, deterministic=deterministic)
+        dense = Dense((self.features,), (sh.EMBED, None), cfg, init_scale=scale, name="dense")
         return dense(x).astype(jnp.float32)
+
+
+class PredictionHead(nn.Module):
+    """'modernbert''s task ``head`` before the classifier (HF's ``ModernBertPredictionHead``):
+    dense -> head activation -> norm, <dtype>[..., H] -> <dtype>[..., H]."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return prediction_transform(self.config, x, self.config.head_act)
+
+
+def pool(cfg: BertConfig, sequence_output: jax.Array, input_mask: jax.Array) -> jax.Array:
+    """'modernbert''s sentence pooling (``classifier_pooling``) of unpacked rows: <dtype>[B, L, H]
+    -> <dtype>[B, H], the first real token's state ('cls'; HF's ``argmax`` of the mask) or the
+    mean over the real tokens ('mean')."""
+    mask = input_mask.astype(sequence_output.dtype)
+    if cfg.classifier_pooling == "mean":
+        total = jnp.einsum("bl,blh->bh", mask, sequence_output)
+        return total / jnp.maximum(jnp.sum(mask, axis=1, keepdims=True), 1)
+    first = jnp.argmax(input_mask, axis=1)
+    return jnp.take_along_axis(sequence_output, first[:, None, None], axis=1)[:, 0]
+
+
+def pool_packed(sequence_output: jax.Array, sequence_ids: jax.Array, k: int) -> jax.Array:
+    """'mean' pooling of a packed row's K instances: <dtype>[B, L, H], <int32>[B, L] (1..K per
+    instance, 0 padding) -> <dtype>[B, K, H] (an empty slot: zeros)."""
+    slots = (sequence_ids[:, None, :] == jnp.arange(1, k + 1)[None, :, None]).astype(
+        sequence_output.dtype
+    )  # [B, K, L]
+    total = jnp.einsum("bkl,blh->bkh", slots, sequence_output)
+    return total / jnp.maximum(jnp.sum(slots, axis=2, keepdims=True), 1)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -248,8 +296,12 @@ class BertForSequenceClassification(nn.Module):
     rnn: BiLSTMConfig | None = None
 
     def setup(self):
+        _check_modern_rnn(self.config, self.rnn)
         self.encoder = BertEncoder(self.config, name="encoder")
-        self.pooler = Pooler(self.config, name="pooler")
+        if self.config.is_modern:
+            self.head = PredictionHead(self.config, name="head")
+        else:
+            self.pooler = Pooler(self.config, name="pooler")
         if self.rnn is not None:
             self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
@@ -269,7 +321,11 @@ class BertForSequenceClassification(nn.Module):
         Packed rows (``bertjax.finetune.packed``) pass their ``sequence_ids`` as ``input_mask``,
         their ``positions`` and ``cls_positions`` <int32>[B, K], the examples' [CLS] positions:
         the last layer runs there only and the output is <float32>[B, K, num_labels] (with
-        ``rnn`` every position runs: the BiLSTM reads each example whole)."""
+        ``rnn`` every position runs: the BiLSTM reads each example whole; 'modernbert' with
+        'mean' pooling too: each example's mean over its tokens)."""
+        if self.config.is_modern:
+            return self._modern(input_ids, segment_ids, input_mask, deterministic, positions,
+                                cls_positions)  # fmt: skip
         if self.rnn is not None:
             sequence_output = self.encoder(
                 input_ids, segment_ids, input_mask, deterministic=deterministic,
@@ -288,6 +344,30 @@ class BertForSequenceClassification(nn.Module):
         ).sequence_output  # fmt: skip
         return self.classifier(self.pooler(read, each=True), deterministic)
 
+    def _modern(self, input_ids, segment_ids, input_mask, deterministic, positions, cls_positions):
+        """HF's ``ModernBertForSequenceClassification``: pool, head, dropout, classifier."""
+        cfg = self.config
+        at_cls = cls_positions is not None and cfg.classifier_pooling == "cls"
+        read = self.encoder(
+            input_ids, segment_ids, input_mask, deterministic=deterministic, positions=positions,
+            output_positions=cls_positions if at_cls else None,
+        ).sequence_output  # fmt: skip
+        if at_cls:
+            pooled = read  # [B, K, H]: the examples' [CLS] states
+        elif cls_positions is not None:
+            pooled = pool_packed(read, input_mask, cls_positions.shape[1])
+        else:
+            pooled = pool(cfg, read, input_mask)
+        return self.classifier(self.head(pooled), deterministic)
+
+
+def _check_modern_rnn(cfg: BertConfig, rnn: BiLSTMConfig | None) -> None:
+    if cfg.is_modern and rnn is not None:
+        raise ValueError(
+            "a BiLSTM head (the paper's Table 5) is BERT's; architecture 'modernbert' has HF's "
+            "prediction heads"
+        )
+
 
 class BertForQuestionAnswering(nn.Module):
     """Start / end vectors S, E on the sequence output -> <float32>[B, L, 2] (start, end) logits."""
@@ -296,15 +376,22 @@ class BertForQuestionAnswering(nn.Module):
     rnn: BiLSTMConfig | None = None  # S, E score the BiLSTM's outputs
 
     def setup(self):
+        _check_modern_rnn(self.config, self.rnn)
         self.encoder = BertEncoder(self.config, name="encoder")
         if self.rnn is not None:
             self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
-        self.span = Dense((2,), (sh.EMBED, None), self.config, name="span")
+        if self.config.is_modern:  # HF's ModernBertForQuestionAnswering: head, drop, classifier
+            self.head = PredictionHead(self.config, name="head")
+            self.classifier = ClassificationOutput(self.config, 2, name="classifier")
+        else:
+            self.span = Dense((2,), (sh.EMBED, None), self.config, name="span")
 
     def __call__(self, input_ids, segment_ids, input_mask, *, deterministic: bool = True):
         sequence_output = self.encoder(
             input_ids, segment_ids, input_mask, deterministic=deterministic
         ).sequence_output
+        if self.config.is_modern:
+            return self.classifier(self.head(sequence_output), deterministic)
         if self.rnn is not None:
             sequence_output = self.bilstm(sequence_output, input_mask)[0]
         return self.span(sequence_output).astype(jnp.float32)
@@ -319,7 +406,10 @@ class BertForTokenClassification(nn.Module):
     rnn: BiLSTMConfig | None = None
 
     def setup(self):
+        _check_modern_rnn(self.config, self.rnn)
         self.encoder = BertEncoder(self.config, name="encoder")
+        if self.config.is_modern:  # HF's ModernBertForTokenClassification: head, drop, classifier
+            self.head = PredictionHead(self.config, name="head")
         if self.rnn is not None:
             self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, self.num_labels, name="classifier")
@@ -339,6 +429,8 @@ class BertForTokenClassification(nn.Module):
                 raise ValueError("a packed row's BiLSTM needs its cls_positions (K instances)")
             k = 0 if cls_positions is None else cls_positions.shape[1]
             sequence_output = self.bilstm(sequence_output, input_mask, k)[0]
+        if self.config.is_modern:
+            sequence_output = self.head(sequence_output)
         return self.classifier(sequence_output, deterministic)
 
 
@@ -350,8 +442,12 @@ class BertForMultipleChoice(nn.Module):
     rnn: BiLSTMConfig | None = None
 
     def setup(self):
+        _check_modern_rnn(self.config, self.rnn)
         self.encoder = BertEncoder(self.config, name="encoder")
-        self.pooler = Pooler(self.config, name="pooler")
+        if self.config.is_modern:  # HF's ModernBertForMultipleChoice: pool, head, classifier
+            self.head = PredictionHead(self.config, name="head")
+        else:
+            self.pooler = Pooler(self.config, name="pooler")
         if self.rnn is not None:
             self.bilstm = BiLSTM(self.config, self.rnn, name="bilstm")
         self.classifier = ClassificationOutput(self.config, 1, name="classifier")
@@ -363,7 +459,9 @@ class BertForMultipleChoice(nn.Module):
         sequence_output = self.encoder(
             flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic
         ).sequence_output
-        if self.rnn is not None:
+        if self.config.is_modern:
+            summary = self.head(pool(self.config, sequence_output, flat(input_mask)))
+        elif self.rnn is not None:
             summary = self.bilstm(sequence_output, flat(input_mask))[1]
         else:
             summary = self.pooler(sequence_output)

