@@ -3,6 +3,7 @@
     python bench/tpu_compile.py --preset=configs   # base/large x 128/512 x five slices
     python bench/tpu_compile.py --preset=attention # large x 128/512, xla vs fused, v5e-16/v4-32
     python bench/tpu_compile.py --preset=remat     # large 512 on v5litepod-16, every policy
+    python bench/tpu_compile.py --preset=modernbert  # ModernBERT-base 1,024/8,192, local vs dense
     python bench/tpu_compile.py --row 'configs/large.py v5litepod-16 --config.model.dtype=...'
 
 Every row is one ``python -m bertjax.compile --json`` subprocess (the real TPU compiler, on this
@@ -35,6 +36,19 @@ CONFIGS = {  # name -> (config, overrides): the paper's two lengths, global batc
     "large-128": ("configs/two_phase.py:large,1", ()),
 }
 REMAT = ("none", "full", "dots", "dots_no_batch", "dots_attention", "attention")
+# ModernBERT-base's two phases (configs/modernbert_base.py). Phase 2 at phase 1's tokens per step
+# (576 x 8,192 = 4,608 x 1,024): 288 x 1,024 or 36 x 8,192 tokens per chip of a 16-chip slice,
+# in 4 micro-batches; "dense" puts global attention on every layer (no local window).
+MODERNBERT = {
+    "modernbert-1024": (
+        "configs/modernbert_base.py:base,1",
+        ("--config.train.grad_accum_steps=4",),
+    ),
+    "modernbert-8192": (
+        "configs/modernbert_base.py:base,2",
+        ("--config.train.global_batch_size=576", "--config.train.grad_accum_steps=4"),
+    ),
+}
 
 
 def preset_rows(name: str) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -60,7 +74,15 @@ def preset_rows(name: str) -> list[tuple[str, str, tuple[str, ...]]]:
             for policy in REMAT
         ]
         return rows
-    raise SystemExit(f"unknown preset {name!r}: configs | attention | remat")
+    if name == "modernbert":
+        dense = ("--config.model.global_attn_every_n_layers=1",)
+        return [
+            (config, s, (*overrides, *extra))
+            for config, overrides in MODERNBERT.values()
+            for s in ("v5litepod-16", "v4-32")
+            for extra in ((), dense)
+        ]
+    raise SystemExit(f"unknown preset {name!r}: configs | attention | remat | modernbert")
 
 
 def run_row(config: str, topology: str, overrides: tuple[str, ...]) -> dict:

@@ -29,7 +29,7 @@ _FLAG_DEFS = (  # (definer, name, default, help); the original script's flags + 
     (flags.DEFINE_string, "output_file", None, "Output TFRecord file, or a comma list of files."),
     (flags.DEFINE_integer, "num_output_shards", 1, "Shards of a single --output_file."),
     (flags.DEFINE_string, "vocab_file", None, "vocab.txt (wordpiece) or .model (sentencepiece)."),
-    (flags.DEFINE_string, "tokenizer", "wordpiece", "wordpiece | sentencepiece."),
+    (flags.DEFINE_string, "tokenizer", "wordpiece", "wordpiece | sentencepiece | bpe."),
     (flags.DEFINE_bool, "do_lower_case", True, "Lower-case and strip accents."),
     (flags.DEFINE_bool, "do_whole_word_mask", False, "Mask all pieces of a word together."),
     (flags.DEFINE_integer, "max_seq_length", 128, "Maximum sequence length."),

@@ -22,7 +22,9 @@ def define_flags(flag_values=flags.FLAGS) -> None:
     fv = flag_values
     flags.DEFINE_string("input_file", None, "TFRecord files: GLOB[,GLOB...].", flag_values=fv)
     flags.DEFINE_string("vocab_file", None, "TFRecords: their vocab.", flag_values=fv)
-    flags.DEFINE_string("tokenizer", "wordpiece", "wordpiece | sentencepiece.", flag_values=fv)
+    flags.DEFINE_string(
+        "tokenizer", "wordpiece", "wordpiece | sentencepiece | bpe.", flag_values=fv
+    )
     flags.DEFINE_bool("do_lower_case", True, "Tokenizer casing.", flag_values=fv)
     flags.DEFINE_integer("max_seq_length", 128, "TFRecords: L.", flag_values=fv)
     flags.DEFINE_integer("max_predictions_per_seq", 20, "TFRecords: P.", flag_values=fv)

@@ -1,7 +1,9 @@
-"""Builds a WordPiece vocab (or trains a SentencePiece model) from a plain-text corpus.
+"""Builds a WordPiece vocab (or trains a SentencePiece model or a byte-level BPE tokenizer.json,
+as ModernBERT's) from a plain-text corpus.
 
     python -m bertjax.vocab --input_file='corpus/*.txt,extra.txt.gz' --output_file=vocab.txt \\
-        --vocab_size=8000 [--do_lower_case=true] [--type=wordpiece|sentencepiece] [--num_unused=0]
+        --vocab_size=8000 [--do_lower_case=true] [--type=wordpiece|sentencepiece|bpe]
+        [--num_unused=0]
         [--runner=local|DirectRunner|DataflowRunner|... [--beam_pipeline_options=... | -- ...]]
 
 The vocab's layout and how it is learned: ``bertjax.data.vocab``. With a Beam ``--runner`` the
@@ -19,10 +21,15 @@ from bertjax.data import beam_pipeline  # no Beam import: runner names and help 
 
 _FLAG_DEFS = (  # (definer, name, default, help)
     (flags.DEFINE_string, "input_file", None, "Corpus files: GLOB[,GLOB...]; *.gz are gunzipped."),
-    (flags.DEFINE_string, "output_file", None, "vocab.txt (wordpiece) or .model (sentencepiece)."),
+    (
+        flags.DEFINE_string,
+        "output_file",
+        None,
+        "vocab.txt (wordpiece), .model (sentencepiece) or tokenizer.json (bpe).",
+    ),  # fmt: skip
     (flags.DEFINE_integer, "vocab_size", None, "Maximum vocab size, special tokens included."),
     (flags.DEFINE_bool, "do_lower_case", True, "Uncased (lowercase + strip accents) or cased."),
-    (flags.DEFINE_string, "type", "wordpiece", "Tokenizer type: wordpiece | sentencepiece."),
+    (flags.DEFINE_string, "type", "wordpiece", "Tokenizer type: wordpiece | sentencepiece | bpe."),
     (flags.DEFINE_integer, "num_unused", 0, "WordPiece only: [unusedK] slots after the specials."),
     (flags.DEFINE_string, "runner", "local", f"{beam_pipeline.RUNNER_HELP}; the same vocab."),
     (flags.DEFINE_string, "beam_pipeline_options", "", beam_pipeline.OPTIONS_HELP),
@@ -41,8 +48,10 @@ def _run_checked(fv: flags.FlagValues) -> str:
             raise ValueError(f"--{name} is required")
     if fv.vocab_size <= 0 or fv.num_unused < 0:
         raise ValueError("--vocab_size must be > 0 and --num_unused >= 0")
-    if fv.type not in ("wordpiece", "sentencepiece"):
-        raise ValueError(f"--type={fv.type}: expected wordpiece or sentencepiece")
+    if fv.type not in ("wordpiece", "sentencepiece", "bpe"):
+        raise ValueError(f"--type={fv.type}: expected wordpiece, sentencepiece or bpe")
+    if fv.type == "bpe" and fv.runner != "local":
+        raise ValueError(f"--type=bpe --runner={fv.runner}: BPE is learnt here (--runner=local)")
     beam_pipeline.check_runner(fv.runner, fv.beam_pipeline_options)
     if fv.runner != "local":
         beam_pipeline.require(fv.runner)  # one line without the beam extra
@@ -53,6 +62,9 @@ def _run_checked(fv: flags.FlagValues) -> str:
         vocab.check_wordpiece_size(fv.vocab_size, fv.num_unused)
     if fv.runner != "local":
         print(f"Beam: --runner={fv.runner} {fv.beam_pipeline_options}".rstrip(), flush=True)
+    if fv.type == "bpe":
+        vocab.train_bpe(files, fv.output_file, fv.vocab_size, fv.do_lower_case)
+        return f"wrote byte-level BPE tokenizer {fv.output_file}"
     if fv.type == "sentencepiece":
         sentences = _sentence_sample(fv, files)
         vocab.train_sentencepiece(sentences, files, fv.output_file, fv.vocab_size, fv.do_lower_case)

@@ -32,7 +32,7 @@ from bertjax.training import checkpoint, workdir
 # first.
 DEV_FILES = ("dev.tsv", "dev_matched.tsv", "dev_mismatched.tsv", "dev.txt", "dev-v1.1.json")
 TRAIN_FILES = ("train.tsv", "train.txt", "train-v1.1.json")
-RECORD_FILES = (workdir.META_FILE, checkpoint.CONFIG_FILE, checkpoint.VOCAB_FILE, "config.json")
+RECORD_FILES = (workdir.META_FILE, checkpoint.CONFIG_FILE, "config.json")  # and the vocab
 
 
 class StepError(ValueError):
@@ -121,7 +121,9 @@ def snapshot(source: str, step: int, dest: str) -> dict:
         )
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".snapshot-", dir=os.path.dirname(dest))
-    for name in RECORD_FILES:
+    with open(os.path.join(source, workdir.META_FILE), encoding="utf-8") as f:
+        vocab = checkpoint.vocab_in(source, json.load(f)).name  # the recorded tokenizer's file
+    for name in (*RECORD_FILES, vocab):
         shutil.copy2(os.path.join(source, name), os.path.join(staging, name))
     shutil.copytree(step_dir, os.path.join(staging, workdir.CHECKPOINTS_DIR, str(step)))
     shutil.rmtree(dest, ignore_errors=True)

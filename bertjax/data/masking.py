@@ -85,12 +85,15 @@ class MaskingSpec:
 
 
 def continuation_table(vocab: list[str], kind: str) -> np.ndarray:
-    """``<bool>[V]``: pieces that continue a word (WordPiece ``##x``; SentencePiece: no ``▁``)."""
+    """``<bool>[V]``: pieces that continue a word (WordPiece ``##x``; SentencePiece: no ``▁``;
+    byte-level BPE: no ``Ġ``)."""
     if kind == "wordpiece":
         return np.array([t.startswith("##") for t in vocab], dtype=bool)
     if kind == "sentencepiece":
         return np.array([not t.startswith("\u2581") and not t.startswith("[") for t in vocab])
-    raise ValueError(f"tokenizer kind {kind!r}: expected 'wordpiece' or 'sentencepiece'")
+    if kind == "bpe":  # byte-level BPE: 'Ġ' marks a piece after a space
+        return np.array([not t.startswith("\u0120") and not t.startswith("[") for t in vocab])
+    raise ValueError(f"tokenizer kind {kind!r}: expected 'wordpiece', 'sentencepiece' or 'bpe'")
 
 
 def _word_starts(input_ids, candidate, spec: MaskingSpec) -> np.ndarray:

@@ -1,7 +1,10 @@
-"""WordPiece and SentencePiece tokenizers on TensorFlow + tensorflow-text (no JAX).
+"""WordPiece, SentencePiece and byte-level BPE tokenizers on TensorFlow (no JAX).
 
-Both are graph-safe: ``tokenize`` takes a batch of strings ``<string>[N]`` and returns
-``<int32>[N, (pieces)]``, so it runs inside ``tf.data.Dataset.map`` on batched lines.
+All are graph-safe: ``tokenize`` takes a batch of strings ``<string>[N]`` and returns
+``<int32>[N, (pieces)]``, so it runs inside ``tf.data.Dataset.map`` on batched lines. WordPiece
+and SentencePiece are tensorflow-text ops; BPE (a HF ``tokenizer.json``, as ModernBERT ships:
+:class:`BPETokenizer`) is HF ``tokenizers``' own Rust code, called on the batch through
+``tf.numpy_function``.
 
 WordPiece ids are identical to HuggingFace ``BertTokenizerFast`` (the reference, which reproduces
 Google's original BERT tokenization), in uncased and cased modes. The steps, in the reference's
@@ -32,10 +35,12 @@ reference in ``bertjax/data/unicode_tables.py``; tests check every code point in
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 from tensorflow_text.python.ops.regex_split_ops import gen_regex_split_ops
@@ -165,6 +170,12 @@ class _SpecialTokensMixin:
         if not texts:
             return []
         return self.tokenize(tf.constant(list(texts), tf.string)).to_list()
+
+    def encode_words(self, words: list[str]) -> list[list[int]]:
+        """The pieces of each word of a text already split into words (NER tokens, SQuAD's
+        whitespace tokens), as HF's fast tokenizers give them with ``is_split_into_words``:
+        WordPiece and SentencePiece tokenize each word alone."""
+        return self.encode(words)
 
 
 @_NOT_AUTOGRAPH
@@ -375,13 +386,107 @@ class SentencePieceTokenizer(_SpecialTokensMixin):
         return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
 
 
+BPE_WORD_START = "\u0120"  # byte-level BPE's mark of a piece that follows a space ('Ġ')
+
+
+@_NOT_AUTOGRAPH
+class BPETokenizer(_SpecialTokensMixin):
+    """A HF ``tokenizer.json`` (byte-level BPE, as ModernBERT's, or any model HF ``tokenizers``
+    reads) with the BERT special tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]`` in its vocab.
+
+    Ids are HF ``tokenizers``' ``encode_batch(texts, add_special_tokens=False)``: the library
+    transformers' fast tokenizer runs, so they are its ids (literal special tokens in the text
+    included: the file's added tokens). Casing is the file's own normaliser's: ``do_lower_case``
+    is not read (lower-casing before a cased BPE would give ids its model never saw).
+    """
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = False):
+        self.vocab_file = vocab_file
+        self.do_lower_case = bool(do_lower_case)
+        data = _read_bytes(vocab_file, "tokenizer file")
+        try:
+            import tokenizers  # noqa: PLC0415 - the bpe extra
+        except ImportError:
+            raise TokenizerError(
+                f"tokenizer file {vocab_file}: reading it needs HF tokenizers "
+                "(pip install 'bertjax[bpe]')"
+            ) from None
+        try:
+            self._tok = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - the Rust parser's errors: name the file
+            raise TokenizerError(
+                f"tokenizer file {vocab_file}: not a HF tokenizer.json ({_first_line(e)})"
+            ) from None
+        index = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab = [""] * (max(index.values()) + 1)
+        for token, i in index.items():
+            self.vocab[i] = token
+        holes = [i for i, t in enumerate(self.vocab) if not t]
+        if holes:
+            raise TokenizerError(f"tokenizer file {vocab_file}: no token has id {holes[0]}")
+        self._init_specials(vocab_file)
+
+    def _encode(self, texts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lines = [t.decode("utf-8") for t in texts.reshape(-1)]
+        # The ids only: no offsets (encode_batch_fast gives the same ids as encode_batch).
+        ids = [e.ids for e in self._tok.encode_batch_fast(lines, add_special_tokens=False)]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+        return flat, lengths
+
+    @_NOT_AUTOGRAPH
+    def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (pieces)]; graph-safe (``tf.numpy_function``)."""
+        texts = tf.convert_to_tensor(texts, tf.string)
+        ids, lengths = tf.numpy_function(
+            self._encode, [texts], [tf.int32, tf.int64], stateful=False
+        )
+        ids = tf.ensure_shape(ids, [None])
+        lengths = tf.ensure_shape(lengths, [None])
+        return tf.RaggedTensor.from_row_lengths(ids, lengths, validate=False)
+
+    def encode_words(self, words: list[str]) -> list[list[int]]:
+        """Each word after a space, as HF's byte-level BPE gives words with
+        ``is_split_into_words`` and ``add_prefix_space``: 'Ġword', the form it takes inside a
+        text."""
+        return self.encode([" " + w for w in words])
+
+    @_NOT_AUTOGRAPH
+    def tokenize_words(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """<string>[N] -> <int32>[N, (words), (pieces)]; a word starts at a piece with 'Ġ' (a
+        space before it), at a special token, or at the row's first piece."""
+        ids = self.tokenize(texts)
+        starts = tf.gather(tf.constant(_word_starts(self.vocab, self.special_ids)), ids.flat_values)
+        position = tf.range(tf.size(ids.flat_values), dtype=tf.int64)
+        first_in_row = tf.gather(ids.row_starts(), ids.value_rowids()) == position
+        starts = tf.logical_or(starts, first_in_row)
+        words = tf.RaggedTensor.from_row_starts(
+            ids.flat_values, tf.boolean_mask(position, starts), validate=False
+        )
+        word_rows = tf.boolean_mask(ids.value_rowids(), starts)
+        return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
+
+
+def _word_starts(vocab: list[str], special_ids) -> np.ndarray:
+    """<bool>[V]: BPE pieces that open a word ('Ġ...', or a special token)."""
+    starts = np.array([t.startswith(BPE_WORD_START) for t in vocab], dtype=bool)
+    starts[list(special_ids)] = True
+    return starts
+
+
+TOKENIZER_KINDS = ("wordpiece", "sentencepiece", "bpe")
+
+
 def create_tokenizer(kind: str, vocab_file: str, do_lower_case: bool):
-    """``kind`` is ``"wordpiece"`` (vocab.txt) or ``"sentencepiece"`` (.model file)."""
+    """``kind`` is ``"wordpiece"`` (vocab.txt), ``"sentencepiece"`` (.model file) or ``"bpe"``
+    (a HF tokenizer.json)."""
     if kind == "wordpiece":
         return WordPieceTokenizer(vocab_file, do_lower_case)
     if kind == "sentencepiece":
         return SentencePieceTokenizer(vocab_file, do_lower_case)
-    raise TokenizerError(f"tokenizer kind {kind!r}: expected 'wordpiece' or 'sentencepiece'")
+    if kind == "bpe":
+        return BPETokenizer(vocab_file, do_lower_case)
+    raise TokenizerError(f"tokenizer kind {kind!r}: expected one of {', '.join(TOKENIZER_KINDS)}")
 
 
 # ---------------------------------------------------------------- streams (bertjax.tokenize)

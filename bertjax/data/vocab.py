@@ -292,3 +292,36 @@ def train_sentencepiece(
     except RuntimeError as e:
         raise VocabError(f"sentencepiece training on {','.join(files)}: {e}") from None
     atomic.write_bytes(output_file, model.getvalue())
+
+
+def train_bpe(files: list[str], output_file: str, vocab_size: int, do_lower_case: bool) -> None:
+    """A byte-level BPE ``tokenizer.json`` laid out as ModernBERT's (HF ``tokenizers``): NFC (and
+    lower-casing when ``do_lower_case``) normalisation, GPT-2's byte-level pre-tokeniser with no
+    prefix space, the BERT special tokens at ids 0-4 as added tokens, and a post-processor that
+    wraps ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` (B in segment 1), so transformers' fast
+    tokenizer loads it as is. Learnt from every non-blank line of ``files``, in file order."""
+    try:
+        import tokenizers  # noqa: PLC0415 - the bpe extra
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+    except ImportError:
+        raise VocabError("--type=bpe needs HF tokenizers (pip install 'bertjax[bpe]')") from None
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = tokenizers.Tokenizer(models.BPE())
+    steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if do_lower_case else [])
+    tok.normalizer = normalizers.Sequence(steps)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(read_sentences(files), trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    atomic.write_bytes(output_file, tok.to_str(pretty=True).encode("utf-8"))

@@ -15,7 +15,6 @@ The feature arrays' layout is ``bertjax.finetune.tasks``' docstring.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 
@@ -122,7 +121,7 @@ def _from_record(config, record: dict, init: init_record.InitRecord, workdir: st
         f"and casing of its record",
         flush=True,
     )
-    vocab_file = str(epath.Path(workdir) / checkpoint.VOCAB_FILE)
+    vocab_file = str(checkpoint.vocab_in(workdir, record))
     return Pretrained(init, True, read=read), bert_config, vocab_file, lower
 
 
@@ -245,10 +244,7 @@ def prepare(config, checkpoint_path: str | None = None, workdir: str | None = No
         params, bert_config, meta = checkpoint.load_params(checkpoint_path)
         pretrained = Pretrained(None, False, params)
         bert_config = bert_config.replace(**model_overrides(config))
-        vocab_file, lower = (
-            os.path.join(checkpoint_path, checkpoint.VOCAB_FILE),
-            meta["do_lower_case"],
-        )
+        vocab_file, lower = str(checkpoint.vocab_in(checkpoint_path, meta)), meta["do_lower_case"]
     tokenizer = tasks.load_tokenizer(vocab_file, lower)
     return task, pretrained, bert_config, vocab_file, lower, tokenizer
 

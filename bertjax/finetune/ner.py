@@ -99,7 +99,7 @@ class NerTask(Task):
         max_pieces = config.data.max_seq_length - 2
         rows, meta, skipped = [], [], {}
         for sentence in sentences:
-            pieces = tokenizer.encode(sentence.words)
+            pieces = tokenizer.encode_words(sentence.words)
             ids, first_piece = [], []
             for word_pieces in pieces:
                 cut = len(first_piece) > 0 and first_piece[-1] == -2

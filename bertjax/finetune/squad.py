@@ -230,7 +230,7 @@ def _token_span(example, pieces_per_word, tokenizer):
     orig_to_tok = np.cumsum([0] + [len(p) for p in pieces_per_word])
     start = int(orig_to_tok[example.start_position])
     end = int(orig_to_tok[example.end_position + 1]) - 1
-    answer = [i for piece in tokenizer.encode([example.answer_text]) for i in piece]
+    answer = [i for word in tokenizer.encode_words(example.answer_text.split()) for i in word]
     doc = [i for p in pieces_per_word for i in p]
     for new_start in range(start, end + 1):
         for new_end in range(end, new_start - 1, -1):
@@ -267,7 +267,7 @@ def doc_spans(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, 
 def _windows(example, tokenizer, config):
     """Yields (feature arrays, host metadata) for each doc-stride window of one example."""
     query = tokenizer.encode([example.question_text])[0][: config.task.max_query_length]
-    pieces = tokenizer.encode(example.doc_tokens) if example.doc_tokens else []
+    pieces = tokenizer.encode_words(example.doc_tokens) if example.doc_tokens else []
     tok_to_orig = [w for w, p in enumerate(pieces) for _ in p]
     doc = [i for p in pieces for i in p]
     has_span = example.start_position >= 0

@@ -77,10 +77,17 @@ class Features:
 
 
 def load_tokenizer(vocab_file: str, do_lower_case: bool):
-    """The project's WordPiece tokenizer (``.encode``, ``.cls_id``, ``.sep_id``, ``.pad_id``)."""
+    """The checkpoint's tokenizer, by its vocab file (``checkpoint.tokenizer_kind``: WordPiece,
+    SentencePiece or a BPE tokenizer.json): ``.encode``, ``.encode_words``, ``.cls_id``,
+    ``.sep_id``, ``.pad_id``."""
     from bertjax.data import tokenization  # TensorFlow import: only when a task needs it.
+    from bertjax.training import checkpoint  # noqa: PLC0415
 
-    return tokenization.WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+    kind = checkpoint.tokenizer_kind(vocab_file)
+    try:
+        return tokenization.create_tokenizer(kind, vocab_file, do_lower_case)
+    except tokenization.TokenizerError as e:
+        raise FinetuneInputError(str(e)) from None
 
 
 def read_text(path: str) -> str:

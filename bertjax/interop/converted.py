@@ -96,15 +96,38 @@ def vocab_casing(vocab_file: str) -> bool:
     )
 
 
-def check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:
-    """The vocab must have one line per row of the word embedding ``weights``/``key``."""
-    if not epath.Path(vocab_file).exists():
-        raise ConvertError(f"{vocab_file}: vocab file not found")
+def token_ids(vocab_file: str) -> dict[str, int]:
+    """token -> id of a WordPiece vocab.txt (its lines) or a HF tokenizer.json (its model's vocab
+    and added tokens); ConvertError naming the file when it is neither."""
+    if str(vocab_file).endswith(".json"):
+        values = read_json(vocab_file)
+        try:
+            ids = dict(values["model"]["vocab"])
+            ids.update({t["content"]: t["id"] for t in values.get("added_tokens") or ()})
+        except (KeyError, TypeError, ValueError):
+            message = f"{vocab_file}: not a HF tokenizer.json with a model vocab"
+            raise ConvertError(message) from None
+        return ids
     try:
-        n = len(read_lines(vocab_file))
+        return {line.rstrip("\n"): i for i, line in enumerate(read_lines(vocab_file))}
     except UnicodeDecodeError as e:
         message = f"{vocab_file}: vocab file not UTF-8 ({e.reason} at byte {e.start})"
         raise ConvertError(message) from None
+
+
+def check_vocab(vocab_file: str, cfg: BertConfig, weights: str, key: str) -> None:
+    """The vocab must have one entry per row of the word embedding ``weights``/``key``: a line of
+    a vocab.txt, an id of a tokenizer.json."""
+    if not epath.Path(vocab_file).exists():
+        raise ConvertError(f"{vocab_file}: vocab file not found")
+    if str(vocab_file).endswith(".json"):
+        n = len(set(token_ids(vocab_file).values()))
+    else:
+        try:
+            n = len(read_lines(vocab_file))
+        except UnicodeDecodeError as e:
+            message = f"{vocab_file}: vocab file not UTF-8 ({e.reason} at byte {e.start})"
+            raise ConvertError(message) from None
     if n != cfg.vocab_size:
         raise ConvertError(
             f"{vocab_file}: {n} tokens, but {weights} key {key!r} has {cfg.vocab_size} rows"

@@ -15,10 +15,12 @@ are (:data:`ARCHITECTURES`):
 
 A ModernBERT directory (``model_type: modernbert``; ``ModernBertModel``, ``ModernBertForMaskedLM``
 or ``ModernBertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice}``,
-names in ``bertjax.interop.modernbert``) is read and written too, with a WordPiece ``vocab.txt``:
-a pretrained 'modernbert' checkpoint exports as ``ModernBertForMaskedLM`` (its pooler and NSP
-head, which ModernBERT has not, left out), a fine-tuned one as its task's class, with the
-vocab's special-token ids; ModernBERT's own BPE ``tokenizer.json`` is not read yet.
+names in ``bertjax.interop.modernbert``) is read and written too, with a WordPiece ``vocab.txt``
+or a byte-level BPE ``tokenizer.json`` (ModernBERT's own; read when there is no vocab.txt, its
+casing its own normaliser's): a pretrained 'modernbert' checkpoint exports as
+``ModernBertForMaskedLM`` (its pooler and NSP head, which ModernBERT has not, left out), a
+fine-tuned one as its task's class, with the vocab's special-token ids and its tokenizer file
+(a tokenizer.json with ``PreTrainedTokenizerFast`` in ``tokenizer_config.json``).
 
 Reading accepts ``BertModel`` or composite key names, with or without the ``bert.`` prefix, old
 ``gamma``/``beta`` LayerNorm names too; tolerated and dropped: the ``position_ids`` buffer, and
@@ -58,7 +60,11 @@ from bertjax.interop.converted import (
     json_bool,
     read_json,
     require_casing,
+    token_ids,
 )
+from bertjax.training import checkpoint
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # bertjax.data.tokenization's
 
 # HF class -> (the fine-tuning head it is, or None; bertjax's heads besides the encoder).
 ARCHITECTURES = {
@@ -247,10 +253,10 @@ def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab)
     task, classes = _task(values, config_path)
     vocab_file = os.path.join(src, "vocab.txt")
     if not epath.Path(vocab_file).exists():
-        raise ConvertError(
-            f"{src}: a ModernBERT directory without vocab.txt; bertjax reads WordPiece vocabs, "
-            "not ModernBERT's own tokenizer.json yet"
-        )
+        vocab_file = os.path.join(src, "tokenizer.json")
+        if not epath.Path(vocab_file).exists():
+            raise ConvertError(f"{src}: a ModernBERT directory without vocab.txt or tokenizer.json")
+        do_lower_case, casing_from_vocab = False, False  # the tokenizer's normaliser decides
     files = _weight_files(src)
     tensors = {}
     for path in files:
@@ -356,8 +362,7 @@ def _modernbert_export(conv: Converted) -> tuple[dict, dict]:
         arch = "ModernBertForMaskedLM"
         if "mlm" not in params:  # ModernBertModel's own names
             arch, tensors = "ModernBertModel", {k[len("model.") :]: v for k, v in tensors.items()}
-    with epath.Path(conv.vocab_file).open() as f:
-        ids = {line.strip(): i for i, line in enumerate(f)}
+    ids = token_ids(conv.vocab_file)
     specials = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
                 "bos_token_id": "[CLS]", "eos_token_id": "[SEP]"}  # fmt: skip
     hf_config = {
@@ -398,6 +403,15 @@ def write(dst: str, conv: Converted, *, overwrite: bool = False) -> str:
         "tokenizer_class": "BertTokenizer",
         "model_max_length": cfg.max_position_embeddings,
     }
+    tokenizer_file = checkpoint.TOKENIZER_FILES[checkpoint.tokenizer_kind(conv.vocab_file)]
+    if tokenizer_file == "tokenizer.json":  # a BPE: transformers' fast tokenizer reads it as is
+        tok_config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": cfg.max_position_embeddings,
+            **{f"{t.strip('[]').lower()}_token": t for t in SPECIAL_TOKENS},
+        }
+    elif tokenizer_file != "vocab.txt":
+        raise ConvertError(f"{conv.vocab_file}: a SentencePiece model; HF export takes vocab.txt")
 
     dst = dst if atomic.is_object_store(dst) else os.path.abspath(dst)
     if epath.Path(dst).exists() and not overwrite:
@@ -408,7 +422,7 @@ def write(dst: str, conv: Converted, *, overwrite: bool = False) -> str:
             for name, value in (("tokenizer_config.json", tok_config), ("config.json", hf_config)):
                 with open(os.path.join(stage, name), "w", encoding="utf-8") as f:
                     json.dump(value, f, indent=2)
-            with open(os.path.join(stage, "vocab.txt"), "wb") as f:  # the vocab: local or gs://
+            with open(os.path.join(stage, tokenizer_file), "wb") as f:  # local or gs://
                 f.write(epath.Path(conv.vocab_file).read_bytes())
     except (OSError, SafetensorError) as e:  # a full disk: one line, nothing left at dst
         raise ConvertError(f"writing {dst} failed ({type(e).__name__}: {e})") from None

@@ -22,7 +22,7 @@ def read_checkpoint(src: str) -> Converted:
         params, cfg, meta = checkpoint.load_params(src)
     except (checkpoint.CheckpointError, checkpoint_manifest.CheckpointCorrupt) as e:
         raise ConvertError(str(e)) from None
-    vocab_file = os.path.join(src, checkpoint.VOCAB_FILE)
+    vocab_file = str(checkpoint.vocab_in(src, meta))
     check_vocab(vocab_file, cfg, os.path.join(src, checkpoint.PARAMS_DIR), _EMBEDDING)
     return Converted(params, cfg, vocab_file, bool(meta["do_lower_case"]), meta.get("task"))
 

@@ -190,7 +190,8 @@ def _from_record(config, command_line, record: dict, init, workdir: str):
         )
     run.data.do_lower_case = record["do_lower_case"]
     if "data.vocab_file" not in command_line:  # one given is checked against the record
-        run.data.vocab_file = str(epath.Path(workdir) / checkpoint.VOCAB_FILE)
+        run.data.vocab_file = str(checkpoint.vocab_in(workdir, record))
+    run.data.tokenizer = checkpoint.tokenizer_kind(run.data.vocab_file)
     length = int(run.data.max_seq_length)
     if length > recorded.max_position_embeddings:
         raise ValueError(
@@ -247,3 +248,4 @@ def _take_vocab(run, conv: Converted, source: str, command_line) -> None:
     elif not run.allow_vocab_change and not run.train.synthetic_data:
         recorded = checkpoint.vocab_fingerprint(conv.vocab_file)
         checkpoint.compare_vocab(recorded, conv.vocab_file, given_vocab, "config.data.vocab_file")
+    run.data.tokenizer = checkpoint.tokenizer_kind(run.data.vocab_file)  # a BPE: tokenizer.json

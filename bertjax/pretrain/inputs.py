@@ -103,11 +103,11 @@ def check_data(config, bert_config: BertConfig) -> None:
     path = epath.Path(config.data.vocab_file)
     if not path.exists():
         raise ValueError(f"config.data.vocab_file={path}: file not found")
-    lines = sum(1 for line in path.read_text().splitlines() if line.strip())
-    if lines != bert_config.vocab_size:
+    entries = checkpoint.vocab_fingerprint(path)["entries"]  # lines, pieces or BPE ids
+    if entries != bert_config.vocab_size:
         raise ValueError(
             f"config.model.vocab_size={bert_config.vocab_size} but "
-            f"config.data.vocab_file={path} has {lines} entries"
+            f"config.data.vocab_file={path} has {entries} entries"
         )
 
 

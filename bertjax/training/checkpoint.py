@@ -10,9 +10,13 @@ that is verified before it is trusted:
 
        DIR/bertjax_checkpoint.json   {"format_version": 2, "do_lower_case": bool, "heads": [...],
                                       "vocab": {"entries": N, "sha256": "..."},
+                                      "tokenizer": "wordpiece" | "sentencepiece" | "bpe",
                                       "task": {"name", "head", "labels"}  (fine-tuned only)}
        DIR/bert_config.json          BertConfig.to_json()  (the architecture, activation included)
-       DIR/vocab.txt                 the vocab the embedding rows refer to
+       DIR/vocab.txt                 the vocab the embedding rows refer to, named for its
+                                     tokenizer (TOKENIZER_FILES: vocab.txt, spiece.model or a
+                                     BPE's tokenizer.json; no "tokenizer" in the record:
+                                     WordPiece's vocab.txt, as written before the key)
        DIR/params/                   orbax PyTree checkpoint of the params dict, numpy leaves,
                                      always in the *unscanned* layout (``encoder/layers/layer_{i}``)
        DIR/bertjax_manifest.json     every file above, verified by load_params
@@ -32,6 +36,7 @@ that is verified before it is trusted:
        WORKDIR/bertjax_lease.json     the live run's lease (``bertjax.training.lease``)
        WORKDIR/bertjax_workdir.json   {"format_version": 3, "do_lower_case": bool,
                                        "vocab": {"entries": N, "sha256": "..."},
+                                       "tokenizer": as a params-only checkpoint's,
                                        "init": {"source", "format", "params_sha256",
                                                 "subtrees", "fresh"} or null}
                                       "init": where the initial params came from, so that a
@@ -39,7 +44,7 @@ that is verified before it is trusted:
                                       (``bertjax.training.init_record``); format 2 (no "init")
                                       still resumes, reading it, and is rewritten as 3
        WORKDIR/bert_config.json       the architecture being trained
-       WORKDIR/vocab.txt              copy of config.data.vocab_file
+       WORKDIR/vocab.txt              copy of config.data.vocab_file (TOKENIZER_FILES' name)
        WORKDIR/config.json            the full run config, for the record
        WORKDIR/checkpoints/<step>/    orbax CheckpointManager step directories:
            state/   the full TrainState (params in the layout being trained, optimizer state,
@@ -110,6 +115,35 @@ FORMAT_VERSION = 2  # a manifest and a vocab fingerprint
 META_FILE = "bertjax_checkpoint.json"
 CONFIG_FILE = "bert_config.json"
 VOCAB_FILE = "vocab.txt"
+# The name a checkpoint or workdir gives its copy of the vocab, by tokenizer kind
+# (bertjax.data.tokenization.TOKENIZER_KINDS), which the file's own name tells.
+TOKENIZER_FILES = {
+    "wordpiece": VOCAB_FILE,
+    "sentencepiece": "spiece.model",
+    "bpe": "tokenizer.json",
+}
+
+
+def tokenizer_kind(vocab_file) -> str:
+    """The tokenizer a vocab file is for: a SentencePiece ``.model``, a HF ``tokenizer.json``
+    (``.json``: byte-level BPE) or a WordPiece vocab.txt (anything else)."""
+    name = str(vocab_file)
+    if name.endswith(".model"):
+        return "sentencepiece"
+    return "bpe" if name.endswith(".json") else "wordpiece"
+
+
+def vocab_in(directory, record: dict) -> epath.Path:
+    """The vocab file a checkpoint or workdir holds, by its record's ``tokenizer``."""
+    kind = record.get("tokenizer", "wordpiece")
+    if kind not in TOKENIZER_FILES:
+        raise CheckpointError(
+            f"{directory}: tokenizer={kind!r:.40} in its record; expected one of "
+            f"{sorted(TOKENIZER_FILES)}"
+        )
+    return epath.Path(directory) / TOKENIZER_FILES[kind]
+
+
 PARAMS_DIR = "params"
 
 
@@ -160,13 +194,14 @@ def save_params(
                     "do_lower_case": bool(do_lower_case),
                     "heads": sorted(k for k in params if k != "encoder"),
                     "vocab": vocab_fingerprint(vocab_file),
+                    "tokenizer": tokenizer_kind(vocab_file),
                     **({"task": task} if task is not None else {}),
                 },
                 indent=2,
             )
         )
         (tmp / CONFIG_FILE).write_text(bert_config.portable().to_json())
-        epath.Path(vocab_file).copy(tmp / VOCAB_FILE)
+        epath.Path(vocab_file).copy(tmp / TOKENIZER_FILES[tokenizer_kind(vocab_file)])
         checkpointer = ocp.PyTreeCheckpointer()
         checkpointer.save(
             tmp / PARAMS_DIR if on_gcs else (tmp / PARAMS_DIR).resolve(),
@@ -207,13 +242,17 @@ def load_params(path: str | os.PathLike, *, scan_layers: bool = False):
     """Reads a verified params-only checkpoint -> (params of numpy arrays, BertConfig, meta).
 
     The returned config has ``scan_layers`` set as asked and the params are in that layout.
-    ``meta["vocab"]`` is the fingerprint of the checkpoint's vocab.txt.
+    ``meta["vocab"]`` is the fingerprint of the checkpoint's vocab (``vocab_in(path, meta)``).
     """
     src = epath.Path(path)
-    for name in (META_FILE, CONFIG_FILE, VOCAB_FILE, PARAMS_DIR):
+    for name in (META_FILE, CONFIG_FILE, PARAMS_DIR):
         if not (src / name).exists():
             raise CheckpointError(f"{src}: not a bertjax checkpoint, {name} is missing")
     meta = read_meta(src / META_FILE)
+    if not vocab_in(src, meta).exists():
+        raise CheckpointError(
+            f"{src}: not a bertjax checkpoint, {vocab_in(src, meta).name} is missing"
+        )
     checkpoint_manifest.verify(src)  # CheckpointCorrupt: one line naming the file
     heads = meta.get("heads", [])
     if not isinstance(heads, list) or not all(isinstance(h, str) for h in heads):
@@ -306,15 +345,28 @@ def _rmtree(path: epath.Path) -> None:
 
 
 def vocab_fingerprint(vocab_file) -> dict:
-    """{"entries": N, "sha256": hex} of a vocab.txt (non-empty lines) or a SentencePiece model."""
+    """{"entries": N, "sha256": hex} of a vocab.txt (non-empty lines), a SentencePiece model or a
+    HF tokenizer.json (its model's vocab and added tokens: distinct ids)."""
     data = epath.Path(vocab_file).read_bytes()
     if str(vocab_file).endswith(".model"):
         import sentencepiece  # noqa: PLC0415
 
         entries = sentencepiece.SentencePieceProcessor(model_proto=data).get_piece_size()
+    elif str(vocab_file).endswith(".json"):
+        entries = _tokenizer_json_entries(data, str(vocab_file))
     else:
         entries = sum(1 for line in data.decode("utf-8", errors="replace").splitlines() if line)
     return {"entries": int(entries), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _tokenizer_json_entries(data: bytes, path: str) -> int:
+    try:
+        values = json.loads(data)
+        ids = set(values["model"]["vocab"].values())
+        ids |= {t["id"] for t in values.get("added_tokens") or ()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{path}: not a HF tokenizer.json with a model vocab") from None
+    return len(ids)
 
 
 def compare_vocab(recorded: dict, recorded_path: str, vocab_file: str, field: str) -> None:

@@ -48,12 +48,14 @@ from bertjax.training import checkpoint_manifest as manifest
 from bertjax.training import retention
 from bertjax.training.checkpoint import (
     CONFIG_FILE,
-    VOCAB_FILE,
+    TOKENIZER_FILES,
     CheckpointError,
     compare_vocab,
     read_bert_config,
     read_meta,
+    tokenizer_kind,
     vocab_fingerprint,
+    vocab_in,
 )
 from bertjax.training.init_record import INIT_KEY, InitRecord
 
@@ -103,7 +105,7 @@ def check_resumable(workdir, bert_config: BertConfig, vocab_file: str, allow_voc
             "recorded model or use a new workdir (nothing was changed)"
         )
     if vocab_file and not allow_vocab_change:
-        recorded_vocab = str(epath.Path(workdir) / VOCAB_FILE)
+        recorded_vocab = str(vocab_in(workdir, record))
         compare_vocab(record.get("vocab") or vocab_fingerprint(recorded_vocab), recorded_vocab,
                       vocab_file, "config.data.vocab_file")  # fmt: skip
     return record
@@ -122,11 +124,14 @@ def write_record(workdir, bert_config, vocab_file: str, do_lower_case: bool, con
         "format_version": FORMAT_VERSION,
         "do_lower_case": bool(do_lower_case),
         "vocab": vocab_fingerprint(vocab_file),
+        "tokenizer": tokenizer_kind(vocab_file),
         INIT_KEY: None if init is None else init.to_json(),
     }
     if attention_check is not None:
         meta["attention_check"] = attention_check
-    atomic.write_text(root / VOCAB_FILE, epath.Path(vocab_file).read_text())
+    atomic.write_bytes(
+        root / TOKENIZER_FILES[meta["tokenizer"]], epath.Path(vocab_file).read_bytes()
+    )
     atomic.write_text(root / CONFIG_FILE, bert_config.portable().to_json())
     atomic.write_text(root / "config.json", config_json)
     atomic.write_text(root / META_FILE, json.dumps(meta, indent=2))
@@ -387,7 +392,7 @@ def latest_params(workdir, *, log: Callable[[str], None] = print):
     """
     root = epath.Path(workdir)
     record = read_record(root)
-    if record is None or not (root / VOCAB_FILE).exists():
+    if record is None or not vocab_in(root, record).exists():
         raise CheckpointError(f"{root}: not a bertjax training workdir, {META_FILE} is missing")
     directory = _path(root / CHECKPOINTS_DIR)
     step = manifest.latest_verified_step(directory, log=log)
@@ -411,4 +416,4 @@ def latest_params(workdir, *, log: Callable[[str], None] = print):
         )
     if stacked:
         params = {**params, "encoder": unstack_layers(params["encoder"], bert_config.num_layers)}
-    return params, bert_config, str(root / VOCAB_FILE), bool(record["do_lower_case"])
+    return params, bert_config, str(vocab_in(root, record)), bool(record["do_lower_case"])

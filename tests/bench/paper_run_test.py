@@ -271,9 +271,10 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
 
 def test_snapshot_copies_one_step_and_the_record(tmp_path):
     work = tmp_path / "w"
-    for name in steps.RECORD_FILES:
+    for name in (*steps.RECORD_FILES, "tokenizer.json"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(name)
+    (work / "bertjax_workdir.json").write_text('{"tokenizer": "bpe"}')  # its vocab: tokenizer.json
     for step in (10, 20):
         (work / "checkpoints" / str(step) / "state").mkdir(parents=True)
         (work / "checkpoints" / str(step) / "state" / "x").write_text(str(step))
@@ -281,6 +282,7 @@ def test_snapshot_copies_one_step_and_the_record(tmp_path):
     assert os.listdir(tmp_path / "s" / "checkpoints") == ["10"]
     assert (tmp_path / "s" / "checkpoints/10/state/x").read_text() == "10"
     assert (tmp_path / "s" / "bertjax_workdir.json").exists()
+    assert (tmp_path / "s" / "tokenizer.json").read_text() == "tokenizer.json"
     with pytest.raises(steps.StepError, match="no such step \\(kept: 10, 20\\)"):
         steps.snapshot(str(work), 30, str(tmp_path / "t"))
 

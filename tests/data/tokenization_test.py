@@ -228,8 +228,8 @@ def test_bad_vocab_file_gives_clear_error(tmp_path, content, expected):
 
 
 def test_create_tokenizer_rejects_unknown_kind():
-    with pytest.raises(tokenization.TokenizerError, match="'bpe'"):
-        tokenization.create_tokenizer("bpe", str(UNCASED_VOCAB), True)
+    with pytest.raises(tokenization.TokenizerError, match="'unigram': expected one of wordpiece"):
+        tokenization.create_tokenizer("unigram", str(UNCASED_VOCAB), True)
 
 
 def _run_cli(monkeypatch, *args: str, stdin: bytes):

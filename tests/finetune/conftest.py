@@ -55,3 +55,29 @@ def tiny_modernbert_checkpoint(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ckpt") / "tiny_modernbert"
     checkpoint.save_params(path, jax.device_get(nn.unbox(params)), cfg, vocab, True)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert_bpe_checkpoint(tmp_path_factory) -> str:
+    """``tiny_modernbert_checkpoint`` with a byte-level BPE of 500 (``bertjax.vocab --type=bpe``
+    on the bundled eval split, cased) as its vocab: the checkpoint holds its tokenizer.json."""
+    import jax
+    import numpy as np
+    from flax import linen as nn
+
+    from bertjax.data import bundled, vocab
+    from bertjax.model import heads
+    from bertjax.model.config import BertConfig
+    from bertjax.training import checkpoint
+
+    bpe = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
+    vocab.train_bpe([bundled.bundled_paths().eval], str(bpe), 500, do_lower_case=False)
+    cfg = BertConfig(
+        architecture="modernbert", vocab_size=500, hidden_size=32, num_layers=3, num_heads=2,
+        intermediate_size=48, max_position_embeddings=64, local_attention=16,
+    )  # fmt: skip
+    ids = np.zeros((1, 8), np.int32)
+    params = jax.jit(heads.BertForMaskedLM(cfg).init)(jax.random.key(0), ids, ids, ids + 1, ids)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny_modernbert_bpe"
+    checkpoint.save_params(path, jax.device_get(nn.unbox(params["params"])), cfg, str(bpe), False)
+    return str(path)

@@ -46,6 +46,32 @@ def test_every_head_fine_tunes_from_a_modernbert_checkpoint(
         assert (tmp_path / "predictions/MRPC.tsv").read_text().startswith("index\tprediction\n")
 
 
+@pytest.mark.parametrize(
+    "name,arg,task,data",
+    [
+        ("finetune_ner", None, "conll2003", "ner"),
+        ("finetune_squad", "v1", "squad_v1", "squad"),
+    ],
+)
+def test_word_split_tasks_fine_tune_from_a_bpe_checkpoint(
+    testdata, tiny_modernbert_bpe_checkpoint, tmp_path, name, arg, task, data
+):
+    """A checkpoint whose vocab is a byte-level BPE tokenizer.json: NER's and SQuAD's words take
+    their pieces after a space (``encode_words``), the fine-tuned checkpoint keeps the
+    tokenizer.json, and the predictions score as the task's script scores them."""
+    config = loop_test._config(
+        name, arg, task=task, data_dir=str(testdata / "finetune" / data),
+        init_checkpoint=tiny_modernbert_bpe_checkpoint,
+    )  # fmt: skip
+    results = loop.train_and_evaluate(config, str(tmp_path))
+    assert np.isfinite(results["final_train_loss"])
+    _, _, meta = checkpoint.load_params(tmp_path / "checkpoint")
+    assert meta["tokenizer"] == "bpe" and (tmp_path / "checkpoint" / "tokenizer.json").exists()
+    reported = json.loads((tmp_path / "eval_results.json").read_text())["dev"]["dev"]
+    check = loop_test._check_ner if data == "ner" else loop_test._check_squad
+    check(tmp_path / "predictions", testdata / "finetune" / data, reported)
+
+
 def test_a_bilstm_head_on_modernbert_is_one_line(testdata, tiny_modernbert_checkpoint, tmp_path):
     config = loop_test._config(
         "finetune_glue", task="mrpc", data_dir=str(testdata / "finetune/mrpc"),

@@ -18,8 +18,8 @@ from bertjax.model import heads
 from tests.model import modernbert_test as cases
 
 
-def _converted(tmp_path, mlm=True):
-    model = cases._hf_model(cases._hf_config(vocab_size=40))
+def _converted(tmp_path, mlm=True, vocab_size=40):
+    model = cases._hf_model(cases._hf_config(vocab_size=vocab_size))
     cfg, params = cases._bertjax(model)
     if not mlm:
         params = {"encoder": params["encoder"]}
@@ -74,12 +74,42 @@ def test_encoder_only_params_export_as_modernbertmodel(tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
 
 
-def test_a_modernbert_directory_without_vocab_txt_is_one_line(tmp_path):
+def test_a_modernbert_directory_without_a_usable_tokenizer_is_one_line(tmp_path):
     dst = hf.write(str(tmp_path / "hf"), _converted(tmp_path))
     (tmp_path / "hf" / "vocab.txt").unlink()
-    (tmp_path / "hf" / "tokenizer.json").write_text("{}")
-    with pytest.raises(ConvertError, match=r"a ModernBERT directory without vocab.txt; bertjax"):
+    with pytest.raises(ConvertError, match=r"a ModernBERT directory without vocab.txt or tok"):
         hf.read(dst)
+    (tmp_path / "hf" / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConvertError, match=r"tokenizer.json: not a HF tokenizer.json with a mod"):
+        hf.read(dst)
+
+
+def test_a_bpe_checkpoint_exports_its_tokenizer_json_which_transformers_reads_as_bertjax(
+    tmp_path,
+):
+    """A 'modernbert' checkpoint whose vocab is a byte-level BPE tokenizer.json (``bertjax.vocab
+    --type=bpe``, ModernBERT's layout): the export carries it, transformers' AutoTokenizer loads
+    the directory and gives bertjax's BPE ids with [CLS] ... [SEP], and reading it back takes
+    the tokenizer.json (no vocab.txt, as in ModernBERT's own directories)."""
+    from bertjax.data import bundled, tokenization, vocab  # noqa: PLC0415
+
+    bpe = tmp_path / "tokenizer.json"
+    vocab.train_bpe([bundled.bundled_paths().eval], str(bpe), 300, do_lower_case=False)
+    conv = _converted(tmp_path, vocab_size=300)  # the bytes, the specials and 39 merges
+    conv = Converted(conv.params, conv.config, str(bpe), False)
+    dst = hf.write(str(tmp_path / "hf"), conv)
+    assert not (tmp_path / "hf" / "vocab.txt").exists()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(dst)
+    ours = tokenization.create_tokenizer("bpe", str(bpe), False)
+    text = "In the beginning God created the heaven"
+    want = tokenizer(text)["input_ids"]
+    assert want == [ours.cls_id, *ours.encode([text])[0], ours.sep_id]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["cls_token_id"], config["sep_token_id"]) == (ours.cls_id, ours.sep_id)
+    back = hf.read(dst)
+    assert back.vocab_file.endswith("tokenizer.json") and not back.do_lower_case
+    for a, b in zip(jax.tree.leaves(back.params), jax.tree.leaves(conv.params), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_continued_pretraining_takes_the_exported_architecture_and_rope_bases(tmp_path):
