@@ -2,7 +2,7 @@
 
 A plan is an ordered list of :class:`Run`; each is a real command (``python -m bertjax.main``,
 ``python -m bertjax.finetune``, ``python -m bertjax.vocab``) with config overrides, or one of three
-in-process steps (``subset``: every k-th example of a task's splits; ``snapshot``: one
+in-process steps (``subset``: some examples of a task's splits; ``snapshot``: one
 pretraining step as a workdir of its own; ``gate``: a check of finished sweeps). A run comes
 after the runs it reads (``after``), so the plan's order is a valid order. What a run reads of
 another's output is named by path; the one value a plan cannot know is the learnt vocab's

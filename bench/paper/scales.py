@@ -38,8 +38,8 @@ class Scale:
     continue_warmup: int
     curve_steps: tuple[int, ...]  # pretraining steps fine-tuned from (the last is the run's end)
     curve_tasks: tuple[str, ...]
-    train_examples: int  # about N of each task's train split, strided (0 = all)
-    dev_examples: int  # about N of each dev split, strided (0 = all)
+    train_examples: int  # N of each task's train split, spread over it (0 = all)
+    dev_examples: int  # N of each dev split, spread over it (0 = all)
     finetune_seq_length: int
     finetune_batch: int
     finetune_epochs: float

@@ -1,11 +1,12 @@
 """The plan's three in-process steps. The two that copy files write their output whole or not
 at all (a temporary directory renamed into place).
 
-- :func:`subset`: a task folder with every k-th example of its train and dev files, k chosen so
-  that about ``train_examples`` / ``dev_examples`` remain (0 = all). The data's files are
-  grouped by article or page (bench/paper/DATA.md), so a stride, not the first N, spans them.
-  TSVs keep their header; CoNLL files are cut at sentence (blank-line) boundaries; SQuAD JSON
-  keeps every k-th question, in its paragraph and article (those left with none are dropped);
+- :func:`subset`: a task folder with ``train_examples`` / ``dev_examples`` examples of its train
+  and dev files (0 = all), chosen by hash (:func:`spread`) and kept in file order. The data's
+  files are grouped by article or page (bench/paper/DATA.md), so a sample over the whole file,
+  not the first N, spans them. TSVs keep their header; CoNLL files are cut at sentence
+  (blank-line) boundaries; SQuAD JSON keeps its chosen questions, in their paragraphs and
+  articles (those left with none are dropped);
   the test files the readers do not require are not copied (the miniature reports dev, as the
   paper's ablations do).
 - :func:`snapshot`: step S of a pretraining workdir as a workdir that holds only that step: the
@@ -19,8 +20,8 @@ at all (a temporary directory renamed into place).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -47,21 +48,25 @@ def _examples(text: str, conll: bool) -> tuple[str, list[str]]:
     return header + "\n", [line + "\n" for line in rest.splitlines() if line]
 
 
-def strided(items: list, wanted: int) -> list:
-    """Every k-th item, k = ceil(len / wanted), so at most ``wanted`` remain (0: all of them)."""
+def spread(items: list, wanted: int) -> list:
+    """``wanted`` of ``items`` (0: all of them), in their order: those whose sha256 of (index,
+    item) is smallest, so spread over the whole file with no period. A stride would alias with a
+    file's own period: QNLI's rows alternate entailment / not_entailment, and every 8th row of
+    them is all one label."""
     if wanted <= 0 or len(items) <= wanted:
         return list(items)
-    return items[:: math.ceil(len(items) / wanted)]
+    key = lambda i: hashlib.sha256(f"{i}\t{items[i]}".encode()).digest()  # noqa: E731
+    return [items[i] for i in sorted(sorted(range(len(items)), key=key)[:wanted])]
 
 
 def _subset_squad(text: str, source: str, wanted: int) -> tuple[str, int]:
-    """SQuAD v1.1 JSON with every k-th question; paragraphs and articles left empty dropped."""
+    """SQuAD v1.1 JSON with the spread questions; paragraphs and articles left empty dropped."""
     try:
         data = json.loads(text)
         questions = [qa["id"] for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]]
     except (ValueError, KeyError, TypeError) as e:
         raise StepError(f"{source}: not SQuAD v1.1 JSON ({e})") from None
-    kept = set(strided(questions, wanted))
+    kept = set(spread(questions, wanted))
     articles = []
     for article in data["data"]:
         paragraphs = []
@@ -86,7 +91,7 @@ def _subset_file(source: str, dest: str, wanted: int) -> int:
         return count
     conll = source.endswith(".txt")
     header, examples = _examples(text, conll)
-    kept = strided(examples, wanted)
+    kept = spread(examples, wanted)
     if not kept:
         raise StepError(f"{source}: no examples")
     with open(dest, "w", encoding="utf-8") as f:

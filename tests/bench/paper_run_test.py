@@ -6,6 +6,7 @@ from fixture results and names the missing runs; bad flags are one line."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_the_runner_skips_finished_runs_resumes_the_rest_and_isolates_failures(t
     assert calls == ["finetune/c"]
 
 
-def test_subset_strides_over_the_file_and_keeps_headers_and_sentences(tmp_path):
+def test_subset_samples_over_the_file_and_keeps_headers_sentences_and_order(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "out" / "t"
     src.mkdir()
     (src / "train.tsv").write_text("h1\th2\n" + "".join(f"{i}\tx\n" for i in range(10)))
@@ -196,16 +197,29 @@ def test_subset_strides_over_the_file_and_keeps_headers_and_sentences(tmp_path):
     (src / "test.tsv").write_text("not copied\n")
     counts = {"train.tsv": 4, "dev_mismatched.tsv": 2, "dev.txt": 3}
     assert steps.subset(str(src), str(dst), 4, 3) == counts
-    assert (dst / "train.tsv").read_text() == "h1\th2\n0\tx\n3\tx\n6\tx\n9\tx\n"
-    assert (
-        dst / "dev.txt"
-    ).read_text() == "w0 O\nv0 B-person\n\nw3 O\nv3 B-person\n\nw6 O\nv6 B-person\n"
+    header, *rows = (dst / "train.tsv").read_text().splitlines()
+    assert header == "h1\th2" and len(rows) == 4
+    assert [int(r.split("\t")[0]) for r in rows] == sorted(int(r.split("\t")[0]) for r in rows)
+    sentences = (dst / "dev.txt").read_text().split("\n\n")
+    assert len(sentences) == 3 and all(re.fullmatch(r"w(\d) O\nv\1 B-person\n?", s)
+                                       for s in sentences)  # fmt: skip
     assert sorted(os.listdir(dst)) == ["dev.txt", "dev_mismatched.tsv", "train.tsv"]
     with pytest.raises(steps.StepError, match="expected a train and a dev file"):
         steps.subset(str(tmp_path / "out"), str(tmp_path / "x"), 1, 1)
 
 
-def test_subset_of_squad_keeps_every_kth_question_in_its_paragraph(tmp_path):
+def test_a_subset_keeps_both_labels_of_a_file_whose_labels_alternate():
+    """QNLI's rows alternate entailment / not_entailment: every 8th row (a stride) would keep one
+    label only; the sample keeps both in about equal shares."""
+    rows = [f"{i}\tq\ts\t{('entailment', 'not_entailment')[i % 2]}\n" for i in range(31000)]
+    kept = steps.spread(rows, 4000)
+    assert len(kept) == 4000 and kept == sorted(kept, key=lambda r: int(r.split("\t")[0]))
+    share = sum(r.endswith("\tentailment\n") for r in kept) / len(kept)
+    assert 0.45 < share < 0.55, share
+    assert steps.spread(rows, 4000) == kept and steps.spread(rows[:10], 0) == rows[:10]
+
+
+def test_subset_of_squad_keeps_its_questions_in_their_paragraphs(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "out" / "squad"
     src.mkdir()
     qa = lambda i: {"id": f"q{i}", "question": "?", "answers": [{"text": "a", "answer_start": 0}]}  # noqa: E731
@@ -221,11 +235,10 @@ def test_subset_of_squad_keeps_every_kth_question_in_its_paragraph(tmp_path):
         (src / name).write_text(json.dumps(data))
     assert steps.subset(str(src), str(dst), 2, 0) == {"train-v1.1.json": 2, "dev-v1.1.json": 6}
     kept = json.loads((dst / "train-v1.1.json").read_text())
-    assert [a["title"] for a in kept["data"]] == ["A", "B"]  # q0 and q3; C had neither
-    assert [q["id"] for a in kept["data"] for p in a["paragraphs"] for q in p["qas"]] == [
-        "q0",
-        "q3",
-    ]
+    ids = [q["id"] for a in kept["data"] for p in a["paragraphs"] for q in p["qas"]]
+    assert len(ids) == 2 and ids == sorted(ids)  # in file order
+    titles = {"A": {"q0", "q1", "q2"}, "B": {"q3"}, "C": {"q4", "q5"}}
+    assert [a["title"] for a in kept["data"]] == [t for t in "ABC" if titles[t] & set(ids)]
     assert json.loads((dst / "dev-v1.1.json").read_text()) == data
     (src / "train-v1.1.json").write_text('{"data": 1}')
     with pytest.raises(steps.StepError, match="train-v1.1.json: not SQuAD v1.1 JSON"):
