@@ -295,8 +295,6 @@ def run(
     ``renamed``: config keys that moved (:func:`parse_flags`).
     """
     _stop_on_sigterm()  # from here on, before config files load: one line, exit 1
-    if define_flags is not None:
-        define_flags()
 
     def absl_main(argv: list[str]) -> NoReturn:
         del argv  # parse_flags allows none beyond the program's name
@@ -309,8 +307,10 @@ def run(
         sys.exit(call(command, flags.FLAGS, errors=errors, prog=prog))
 
     try:
+        if define_flags is not None:  # ml_collections reads argv here: a SIGTERM may land in it
+            define_flags()
         parser = functools.partial(parse_flags, prog=prog, rest_flag=rest_flag, renamed=renamed)
         app.run(absl_main, flags_parser=parser)
-    except Stopped as e:  # while the flags and config files were parsed
+    except Stopped as e:  # while the flags were defined, or they and config files were parsed
         print(f"{prog}: stopped by {e} before anything was saved", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -254,3 +254,25 @@ def test_help_answers_without_tensorflow(tmp_path):
     assert "--workdir" in result.stdout and "--config" in result.stdout
     imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
     assert "bertjax.cli" in imported and "tensorflow" not in imported
+
+
+def test_a_sigterm_while_the_flags_are_defined_is_one_line(capsys):
+    """ml_collections reads argv while a config flag is defined: a SIGTERM can land there, after
+    cli.run's handler is installed (faults_test's start-up case caught it once as a traceback)."""
+    import signal  # noqa: PLC0415
+
+    from bertjax import cli  # noqa: PLC0415
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def define_flags():
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, inside the definition
+
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            cli.run(lambda _: 0, define_flags, prog="x", tensorflow=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["x: stopped by SIGTERM before anything was saved"]
