@@ -376,14 +376,20 @@ class SentencePieceTokenizer(_SpecialTokensMixin):
         starts = tf.strings.regex_full_match(
             tf.gather(tf.constant(self.vocab), ids.flat_values), "\u2581.*"
         )
-        position = tf.range(tf.size(ids.flat_values), dtype=tf.int64)
-        first_in_row = tf.gather(ids.row_starts(), ids.value_rowids()) == position
-        starts = tf.logical_or(starts, first_in_row)
-        words = tf.RaggedTensor.from_row_starts(
-            ids.flat_values, tf.boolean_mask(position, starts), validate=False
-        )
-        word_rows = tf.boolean_mask(ids.value_rowids(), starts)
-        return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
+        return _group_words(ids, starts)
+
+
+def _group_words(ids: tf.RaggedTensor, starts: tf.Tensor) -> tf.RaggedTensor:
+    """<int32>[N, (pieces)] -> <int32>[N, (words), (pieces)], a word opening at each piece whose
+    ``starts`` (<bool> per piece of ``ids.flat_values``) is set and at each row's first piece."""
+    position = tf.range(tf.size(ids.flat_values), dtype=tf.int64)
+    first_in_row = tf.gather(ids.row_starts(), ids.value_rowids()) == position
+    starts = tf.logical_or(starts, first_in_row)
+    words = tf.RaggedTensor.from_row_starts(
+        ids.flat_values, tf.boolean_mask(position, starts), validate=False
+    )
+    word_rows = tf.boolean_mask(ids.value_rowids(), starts)
+    return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
 
 
 BPE_WORD_START = "\u0120"  # byte-level BPE's mark of a piece that follows a space ('Ġ')
@@ -457,14 +463,7 @@ class BPETokenizer(_SpecialTokensMixin):
         space before it), at a special token, or at the row's first piece."""
         ids = self.tokenize(texts)
         starts = tf.gather(tf.constant(_word_starts(self.vocab, self.special_ids)), ids.flat_values)
-        position = tf.range(tf.size(ids.flat_values), dtype=tf.int64)
-        first_in_row = tf.gather(ids.row_starts(), ids.value_rowids()) == position
-        starts = tf.logical_or(starts, first_in_row)
-        words = tf.RaggedTensor.from_row_starts(
-            ids.flat_values, tf.boolean_mask(position, starts), validate=False
-        )
-        word_rows = tf.boolean_mask(ids.value_rowids(), starts)
-        return tf.RaggedTensor.from_value_rowids(words, word_rows, ids.nrows(), validate=False)
+        return _group_words(ids, starts)
 
 
 def _word_starts(vocab: list[str], special_ids) -> np.ndarray:
