@@ -22,6 +22,7 @@ non-finite policy) with pretraining's data and evaluation.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from typing import Any
@@ -50,7 +51,7 @@ def _evaluate(config, bert_config, eval_fn, params) -> dict:
         batch = {k: batch[k] for k in (*BATCH_KEYS, *PACKED_KEYS, "example_weight") if k in batch}
         batch.setdefault("example_weight", np.ones(per_host, np.float32))
         acc.add(jax.device_get(eval_fn(params, sh.make_global_batch(batch, eval_fn.mesh))))
-    return objective_lib.summarize_eval(acc.sums) if acc.sums else {}
+    return objective_lib.summarize_eval(acc.sums, objective_lib.has_nsp(config)) if acc.sums else {}
 
 
 def _train_batches(config, bert_config, start_batch: int):
@@ -69,12 +70,13 @@ def _train_batches(config, bert_config, start_batch: int):
 
 def _report(config, bert_config) -> loop_lib.Report:
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
+    nsp = objective_lib.has_nsp(config)
     return loop_lib.Report(
         rows_per_step=int(config.train.global_batch_size),
         tokens_per_row=length,
         flops_per_row=metrics_lib.train_flops_per_sequence(bert_config, length, predictions),
-        summarize=objective_lib.summarize,
-        short_names=objective_lib.SHORT_NAMES,
+        summarize=functools.partial(objective_lib.summarize, nsp=nsp),
+        short_names=objective_lib.SHORT_NAMES if nsp else objective_lib.SHORT_NAMES[:2],
     )
 
 

@@ -42,13 +42,20 @@ def pack_width(config) -> int:
     return int(data.max_sequences_per_pack) if data.pack_sequences else 0
 
 
-# The objective's metrics in the console line, in order, with their names there.
+# The objective's metrics in the console line, in order, with their names there (a run without
+# NSP, ``train.nsp_loss_weight`` 0, shows and records the first two only: :func:`has_nsp`).
 SHORT_NAMES = (
     ("mlm_loss", "mlm_loss"),
     ("mlm_accuracy", "mlm_acc"),
     ("nsp_loss", "nsp_loss"),
     ("nsp_accuracy", "nsp_acc"),
 )
+
+
+def has_nsp(config) -> bool:
+    """Whether the run trains NSP (No NSP, LTR and ModernBERT set its loss weight to 0: their
+    NSP head is untrained and its accuracy means nothing)."""
+    return float(config.train.nsp_loss_weight) > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,19 +96,21 @@ class Pretraining:
         return losses.total_loss(sums, normalizers["mlm"], normalizers["nsp"], self.nsp_loss_weight)
 
 
-def summarize(sums: dict) -> dict:
-    """Window (or eval) sums -> mean MLM/NSP loss and accuracy (MLM accuracy is MLPerf's:
-    correct masked predictions / weighted masked positions)."""
-    return {
+def summarize(sums: dict, nsp: bool = True) -> dict:
+    """Window (or eval) sums -> mean MLM (and with ``nsp``, NSP) loss and accuracy (MLM accuracy
+    is MLPerf's: correct masked predictions / weighted masked positions)."""
+    values = {
         "mlm_loss": metrics.ratio(sums["mlm_loss_sum"], sums["mlm_weight_sum"]),
         "mlm_accuracy": metrics.ratio(sums["mlm_correct_sum"], sums["mlm_weight_sum"]),
-        "nsp_loss": metrics.ratio(sums["nsp_loss_sum"], sums["nsp_weight_sum"]),
-        "nsp_accuracy": metrics.ratio(sums["nsp_correct_sum"], sums["nsp_weight_sum"]),
     }
+    if nsp:
+        values["nsp_loss"] = metrics.ratio(sums["nsp_loss_sum"], sums["nsp_weight_sum"])
+        values["nsp_accuracy"] = metrics.ratio(sums["nsp_correct_sum"], sums["nsp_weight_sum"])
+    return values
 
 
-def summarize_eval(sums: dict) -> dict:
-    return {**summarize(sums), "sequences": sums["nsp_weight_sum"]}
+def summarize_eval(sums: dict, nsp: bool = True) -> dict:
+    return {**summarize(sums, nsp), "sequences": sums["nsp_weight_sum"]}
 
 
 def bert_config_from(config) -> BertConfig:
