@@ -100,14 +100,12 @@ def token_ids(vocab_file: str) -> dict[str, int]:
     """token -> id of a WordPiece vocab.txt (its lines) or a HF tokenizer.json (its model's vocab
     and added tokens); ConvertError naming the file when it is neither."""
     if str(vocab_file).endswith(".json"):
-        values = read_json(vocab_file)
+        from bertjax.training import checkpoint  # noqa: PLC0415 - interop reads training's
+
         try:
-            ids = dict(values["model"]["vocab"])
-            ids.update({t["content"]: t["id"] for t in values.get("added_tokens") or ()})
-        except (KeyError, TypeError, ValueError):
-            message = f"{vocab_file}: not a HF tokenizer.json with a model vocab"
-            raise ConvertError(message) from None
-        return ids
+            return checkpoint.tokenizer_json_ids(epath.Path(vocab_file).read_bytes(), vocab_file)
+        except checkpoint.CheckpointError as e:
+            raise ConvertError(str(e)) from None
     try:
         return {line.rstrip("\n"): i for i, line in enumerate(read_lines(vocab_file))}
     except UnicodeDecodeError as e:

@@ -247,8 +247,8 @@ def _casing(src: str, vocab_file: str, do_lower_case, casing_from_vocab: bool) -
 def _read_modernbert(src, values, config_path, do_lower_case, casing_from_vocab) -> Converted:
     """A ModernBERT directory (``model_type: modernbert``): ``ModernBertModel``, ``…ForMaskedLM``
     or a task class's weights (``modernbert.TASK_CLASSES``) with a WordPiece ``vocab.txt`` (what
-    :func:`write` exports); ModernBERT's own byte-level BPE ``tokenizer.json`` is not read yet:
-    one line."""
+    :func:`write` exports) or, without one, ModernBERT's own byte-level BPE ``tokenizer.json``
+    (its normaliser decides the casing)."""
     cfg = modernbert.config_from_hf(values, config_path)
     task, classes = _task(values, config_path)
     vocab_file = os.path.join(src, "vocab.txt")

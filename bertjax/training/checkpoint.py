@@ -353,20 +353,22 @@ def vocab_fingerprint(vocab_file) -> dict:
 
         entries = sentencepiece.SentencePieceProcessor(model_proto=data).get_piece_size()
     elif str(vocab_file).endswith(".json"):
-        entries = _tokenizer_json_entries(data, str(vocab_file))
+        entries = len(set(tokenizer_json_ids(data, str(vocab_file)).values()))
     else:
         entries = sum(1 for line in data.decode("utf-8", errors="replace").splitlines() if line)
     return {"entries": int(entries), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _tokenizer_json_entries(data: bytes, path: str) -> int:
+def tokenizer_json_ids(data: bytes, path: str) -> dict[str, int]:
+    """token -> id of a HF tokenizer.json's bytes: its model's vocab and its added tokens
+    (CheckpointError naming ``path`` when it has no model vocab)."""
     try:
         values = json.loads(data)
-        ids = set(values["model"]["vocab"].values())
-        ids |= {t["id"] for t in values.get("added_tokens") or ()}
+        ids = dict(values["model"]["vocab"])
+        ids.update({t["content"]: t["id"] for t in values.get("added_tokens") or ()})
     except (ValueError, KeyError, TypeError, AttributeError):
         raise CheckpointError(f"{path}: not a HF tokenizer.json with a model vocab") from None
-    return len(ids)
+    return ids
 
 
 def compare_vocab(recorded: dict, recorded_path: str, vocab_file: str, field: str) -> None:
