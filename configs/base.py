@@ -139,6 +139,13 @@ def get_config() -> ml_collections.ConfigDict:
     # Split each update into this many micro-batches whose gradients are summed (same update as
     # the unaccumulated batch, less activation memory).
     config.train.grad_accum_steps = 1
+    # Batch-size warm-up (ModernBERT's; bertjax.training.batch_schedule): the batch grows from
+    # batch_warmup_start (global_batch_size's unit) through batch_warmup_stages evenly spaced
+    # sizes, each held for the same number of steps, over batch_warmup_tokens (rows x L) tokens;
+    # the learning-rate schedule then counts full-batch steps. 0 tokens = none.
+    config.train.batch_warmup_tokens = 0
+    config.train.batch_warmup_start = 0
+    config.train.batch_warmup_stages = 4
     config.train.nsp_loss_weight = 1.0  # loss = mean MLM + this x mean NSP; 0 = No-NSP ablation
     config.train.log_every = 100  # steps between console / TensorBoard lines
     config.train.eval_every = 10_000  # steps between evaluations on held-out data; 0 = never

@@ -10,15 +10,20 @@ bases at 10,000 and a 128-token window on two layers of three; MLM at 30% (80/10
 [SEP] never masked) without NSP, on packed rows of 1,024 tokens; 4,608 sequences a step;
 StableAdamW with fully decoupled weight decay (lr 8e-4, betas 0.9 / 0.98, eps 1e-6, decay 1e-5,
 none on norms or biases); a warmup of 3B tokens (636 steps) and no decay before the run's
-1.719T tokens (364,300 steps). Phase 2 extends the context to 8,192 tokens with the global RoPE
-base raised to 160,000 (the released config's), resuming phase 1's whole state, and cools the
-learning rate down to 0 with the 1-sqrt shape over its steps; set its length with
-``--config.train.num_steps``.
+1.719T tokens (364,300 steps); a batch-size warm-up from 768 sequences over the first 50B tokens
+(``bertjax.training.batch_schedule``: in 5 sizes, 768 .. 3,840, each compiled once, where the
+yaml steps by its 96-sequence micro-batch; the learning-rate schedule then counts full-batch
+steps, so its warmup still spans 3B tokens). Phase 2 extends the context to 8,192 tokens with
+the global RoPE base raised to 160,000 (the released config's), resuming phase 1's whole
+state, and cools the learning rate down to 0 with the 1-sqrt shape over its steps; set its
+length with ``--config.train.num_steps``.
 
 Where bertjax differs from that recipe: one ``model.attention_dropout_rate`` for the
 probabilities and the attention output, as transformers' ModernBERT has (the yaml drops 10% of
-the output only: set 0 here); no batch-size warm-up yet; the tokenizer is the data's (WordPiece
-by default), not ModernBERT's BPE.
+the output only: set 0 here); the tokenizer is the data's (WordPiece by default), not
+ModernBERT's BPE; ``train.num_steps`` counts updates, and the batch-size warm-up's smaller
+batches make 364,300 of them hold fewer than 1.719T tokens (the run prints its warm-up's steps
+and tokens at start: add the difference to ``--config.train.num_steps`` to hold them all).
 """
 
 import pathlib
@@ -56,6 +61,9 @@ def get_config(arg: str = "base,1"):
     config.data.masked_lm_prob = 0.3
     config.data.pack_sequences = True
     config.train.global_batch_size = 4608
+    if phase == "1":
+        config.train.update(batch_warmup_tokens=50_000_000_000, batch_warmup_start=768,
+                            batch_warmup_stages=5)  # fmt: skip
     config.optimizer.update(
         name="stable_adamw", learning_rate=8e-4, beta1=0.9, beta2=0.98, eps=1e-6,
         weight_decay=1e-5, fully_decoupled_decay=True, max_grad_norm=0.0, warmup_steps=636,

@@ -151,7 +151,7 @@ def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir:
     run = finetune_loop.Run(
         workdir=workdir, signature={**signature, "num_steps": num_steps}, seed=int(config.seed),
         bert_config=bert_config, vocab_file=vocab_file, lower=lower,
-        report=loop_lib.Report(batch_size, objective.input_shape[1], head_flops(objective)),
+        report=loop_lib.Report(objective.input_shape[1], head_flops(objective)),
     )  # fmt: skip
     return finetune_loop.train(config, objective, train_batch, train, mesh, opt_config, num_steps,
                                run)  # fmt: skip

@@ -177,7 +177,6 @@ def fit(config, task, model, params, train_features, *, workdir: str, learning_r
     tokens = int(np.prod(example["input_ids"].shape[1:]))
     choices = tokens // int(example["input_ids"].shape[-1])
     report = loop_lib.Report(
-        rows_per_step=int(config.train.global_batch_size),
         tokens_per_row=tokens,
         flops_per_row=3.0 * choices * metrics.encoder_flops(bert_config, tokens // choices),
     )

@@ -22,8 +22,9 @@ from jax.sharding import Mesh
 
 from bertjax.model.config import BertConfig
 from bertjax.pretrain.objective import BATCH_KEYS
-from bertjax.training import checkpoint
+from bertjax.training import batch_schedule, checkpoint
 from bertjax.training import sharding as sh
+from bertjax.training.batch_schedule import BatchSchedule
 
 # ---------------------------------------------------------------- checks before compiling
 
@@ -71,6 +72,7 @@ def check_config(config, bert_config: BertConfig, mesh: Mesh, process_count: int
         raise ValueError(
             f"config.train.global_batch_size={batch} is not divisible by {process_count} processes"
         )
+    batch_schedule.on_mesh(config, mesh, process_count)  # the warm-up's fields
     length = int(config.data.max_seq_length)
     if length > bert_config.max_position_embeddings:
         raise ValueError(
@@ -170,33 +172,34 @@ def synthetic_batches(
         index += 1
 
 
-def data_signature(config, vocab=None) -> str:
+def data_signature(config, vocab=None, schedule: BatchSchedule | None = None) -> str:
     """Names the data stream; a resumed run continues its position only on the same stream. The
     vocab is named by its fingerprint (``checkpoint.vocab_fingerprint``), not its path: a resumed
     continued run tokenizes with its workdir's copy of the vocab its first start read from the
-    init checkpoint. ``vocab``: what names it instead (see :func:`same_stream`)."""
+    init checkpoint. ``vocab``: what names it instead (see :func:`same_stream`). ``schedule``:
+    a batch-size warm-up's sizes and stages name it too (none: the stream is named as before
+    warm-ups existed)."""
     data = config.data.to_dict()
     if vocab is not None:
         data["vocab_file"] = vocab
     elif data["vocab_file"] and not config.train.synthetic_data:
         data["vocab_file"] = checkpoint.vocab_fingerprint(data["vocab_file"])
-    return json.dumps(
-        {
-            "data": data,
-            "seed": config.seed,
-            "synthetic": config.train.synthetic_data,
-            "batch": config.train.global_batch_size,
-        },
-        sort_keys=True,
-        default=str,
-    )
+    named = {
+        "data": data,
+        "seed": config.seed,
+        "synthetic": config.train.synthetic_data,
+        "batch": config.train.global_batch_size,
+    }
+    if schedule is not None and schedule.sizes:
+        named["batch_warmup"] = schedule.signature()
+    return json.dumps(named, sort_keys=True, default=str)
 
 
-def same_stream(saved: str, signature: str, config) -> bool:
+def same_stream(saved: str, signature: str, config, schedule: BatchSchedule | None = None) -> bool:
     """Whether a checkpoint's ``saved`` signature names the stream of ``config`` (whose
     :func:`data_signature` is ``signature``). Signatures saved before the vocab was named by its
     fingerprint name it by its path, and still match the same path."""
-    return saved == signature or saved == data_signature(config, config.data.vocab_file)
+    return saved == signature or saved == data_signature(config, config.data.vocab_file, schedule)
 
 
 def host_batches(config, bert_config, *, split: str, batch_size: int, start_batch: int = 0):

@@ -26,8 +26,9 @@ from bertjax.model import losses
 from bertjax.model.attention import self_check
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import BertForPreTraining
-from bertjax.training import compiled, metrics, optimizer
+from bertjax.training import batch_schedule, compiled, metrics, optimizer
 from bertjax.training import sharding as sh
+from bertjax.training.batch_schedule import BatchSchedule
 from bertjax.training.step import StepConfig
 
 # The batch contract's keys (the pipeline module imports neither TensorFlow nor JAX on import).
@@ -122,8 +123,13 @@ def step_config_from(config) -> StepConfig:
     return StepConfig(int(config.train.grad_accum_steps), bool(config.train.skip_nonfinite))
 
 
-def schedule_steps(config) -> int:
-    return int(config.optimizer.decay_steps) or int(config.train.num_steps)
+def schedule_steps(config, schedule: BatchSchedule | None = None) -> int:
+    """The learning-rate schedule's length: ``optimizer.decay_steps``, else the run's
+    ``train.num_steps`` in full-batch steps (``schedule``: a batch-size warm-up's)."""
+    if int(config.optimizer.decay_steps):
+        return int(config.optimizer.decay_steps)
+    steps = int(config.train.num_steps)
+    return steps if schedule is None else round(schedule.rows_before(steps) / schedule.full)
 
 
 def objective_from(config, bert_config: BertConfig) -> Pretraining:
@@ -188,8 +194,10 @@ def build_steps(config, mesh: Mesh, bert_config: BertConfig | None = None) -> St
     bert_config = sh.bert_config_for(bert_config or bert_config_from(config), mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     objective = objective_from(config, bert_config)
-    tx = optimizer.create_optimizer(config.optimizer, schedule_steps(config))
-    schedule = optimizer.learning_rate_schedule(config.optimizer, schedule_steps(config))
+    batches = batch_schedule.on_mesh(config, mesh, jax.process_count())
+    steps, step_map = schedule_steps(config, batches), batches.full_batch_steps
+    tx = optimizer.create_optimizer(config.optimizer, steps, step_map)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, steps, step_map)
     pack = pack_width(config)
     train_rows, eval_rows = int(config.train.global_batch_size), int(config.train.eval_batch_size)
     train_batch = abstract_batch(train_rows, length, predictions, pack=pack)

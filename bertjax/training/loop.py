@@ -78,7 +78,6 @@ class Cadence:
 class Report:
     """What the progress line and TensorBoard show besides loss, rates and the ETA."""
 
-    rows_per_step: int  # global batch rows
     tokens_per_row: int
     flops_per_row: float  # model FLOPs of one row's forward and backward
     summarize: Callable[[dict], dict] = lambda sums: {}  # the objective's window metrics
@@ -137,7 +136,7 @@ class Loop:
             # Fetched one step late (module docstring), except at a boundary.
             if pending is not None:
                 self._record(*pending)
-            pending = (step, step_metrics)
+            pending = (step, step_metrics, len(next(iter(batch.values()))))  # global rows
             log = (
                 step % self.cadence.log_every == 0
                 or step in (start_step + 1, self.cadence.num_steps)  # after compiling; the end
@@ -193,7 +192,7 @@ class Loop:
         self.summary["state"] = state
         return self.summary
 
-    def _record(self, step: int, step_metrics) -> None:
+    def _record(self, step: int, step_metrics, rows: int) -> None:
         values = jax.device_get(step_metrics)
         if values["nonfinite"] and not self.cadence.skip_nonfinite:
             self.checkpoints.finish()
@@ -208,6 +207,7 @@ class Loop:
         self.last_lr = float(values.pop("learning_rate"))
         values.pop("nonfinite")
         self.window.add(values)
+        self.window.rows += rows
 
     def _log(self, step: int) -> None:
         if not self.window.sums:
@@ -217,7 +217,7 @@ class Loop:
             **metrics_lib.summarize_train(
                 self.window.sums,
                 self.window.elapsed(),
-                rows_per_step=report.rows_per_step,
+                rows_per_step=self.window.rows / self.window.sums["steps"],
                 tokens_per_row=report.tokens_per_row,
                 flops_per_row=report.flops_per_row,
                 num_devices=jax.device_count(),

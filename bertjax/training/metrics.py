@@ -75,6 +75,7 @@ class Accumulator:
         self.input_wait = 0.0  # seconds the loop waited for host batches in this window
         self.host_seconds = 0.0  # the host pipeline's work on this window's batches
         self.host_rows = 0  # their rows (this process's)
+        self.rows = 0  # global rows of the window's applied updates (the loop counts them)
         self.host_timed = True  # False once a batch came without host_seconds
 
     def add_host_batch(self, host_seconds, host_batch: dict) -> None:

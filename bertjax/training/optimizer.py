@@ -26,6 +26,9 @@
 
 The schedule is evaluated at the 0-based update count *before* it is incremented, like the
 original code's ``global_step``, so the first update of a warmup run uses learning rate 0.
+With a batch-size warm-up (``bertjax.training.batch_schedule``) the schedule's steps are
+full-batch steps (tokens seen / the full batch's tokens), so its warmup and cooldown keep the
+tokens they had without one.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ SCHEDULES = ("linear", "constant", "wsd")
 COOLDOWN_SHAPES = ("linear", "1-sqrt")
 
 
-def learning_rate_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
-    """Step (0-based update count) -> learning rate, per ``opt_config.schedule``."""
+def learning_rate_schedule(opt_config, num_train_steps: int, step_map=None) -> optax.Schedule:
+    """Step (0-based update count) -> learning rate, per ``opt_config.schedule``. ``step_map``:
+    what the schedule's steps are, from the update count (a batch-size warm-up's full-batch
+    steps, ``bertjax.training.batch_schedule``); none: the updates themselves."""
     if opt_config.schedule not in SCHEDULES:
         raise ValueError(
             f"config.optimizer.schedule={opt_config.schedule!r}: expected one of {SCHEDULES}"
@@ -56,7 +61,7 @@ def learning_rate_schedule(opt_config, num_train_steps: int) -> optax.Schedule:
     cooldown, shape = _cooldown(opt_config, total, warmup)
 
     def schedule(step):
-        step = jnp.asarray(step, jnp.float32)
+        step = jnp.asarray(step if step_map is None else step_map(step), jnp.float32)
         if opt_config.schedule == "linear":
             # polynomial_decay(peak, step, total, end=0, power=1): clamps at total.
             decayed = peak * (1.0 - jnp.minimum(step, total) / total)
@@ -184,11 +189,14 @@ def scale_by_stable_adamw(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def create_optimizer(opt_config, num_train_steps: int) -> optax.GradientTransformation:
-    """The optax transformation for ``opt_config`` (see the module docstring for the keys)."""
+def create_optimizer(
+    opt_config, num_train_steps: int, step_map=None
+) -> optax.GradientTransformation:
+    """The optax transformation for ``opt_config`` (see the module docstring for the keys);
+    ``step_map`` as :func:`learning_rate_schedule`'s."""
     if opt_config.name not in OPTIMIZERS:
         raise ValueError(f"config.optimizer.name={opt_config.name!r}: expected one of {OPTIMIZERS}")
-    schedule = learning_rate_schedule(opt_config, num_train_steps)
+    schedule = learning_rate_schedule(opt_config, num_train_steps, step_map)
     b1, b2, eps = float(opt_config.beta1), float(opt_config.beta2), float(opt_config.eps)
     wd = float(opt_config.weight_decay)
     if opt_config.name == "bert_adamw":

@@ -177,20 +177,30 @@ def num_batch_shards(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_MESH_AXES)
 
 
+def batch_multiple(config, mesh: Mesh, process_count: int) -> int:
+    """What every global train batch is a multiple of: the data shards x micro-batches
+    (``train.grad_accum_steps``), and the process count."""
+    return math.lcm(num_batch_shards(mesh) * int(config.train.grad_accum_steps), process_count)
+
+
 def packed_batch_sizes(config, mesh: Mesh, process_count: int, instances_per_row: float,
                        unit: str = "instances", announce: bool = True):  # fmt: skip
     """The one resolver of packed batch sizes, for ``bertjax.main``, ``bertjax.compile``
     (``bertjax.pretrain.inputs.resolve_packed_batch``) and fine-tuning.
 
     With packed rows ``train.global_batch_size`` and ``train.eval_batch_size`` count instances
-    (the paper's 256 sequences, fine-tuning's 32 examples). -> a copy of ``config`` where they
-    are the rows that hold that many on average, ``instances / instances_per_row``, rounded to
-    a multiple of the data shards x micro-batches (``train.grad_accum_steps``) and of
-    ``process_count``, at least one such multiple. ``announce``: print them (process 0), naming
+    (the paper's 256 sequences, fine-tuning's 32 examples), and so does a batch-size warm-up's
+    ``train.batch_warmup_start``. -> a copy of ``config`` where they are the rows that hold that
+    many on average, ``instances / instances_per_row``, rounded to a multiple of the data
+    shards x micro-batches (``train.grad_accum_steps``) and of ``process_count``, at least one
+    such multiple. ``announce``: print them (process 0), naming
     the ``unit`` the sizes count."""
-    multiple = math.lcm(num_batch_shards(mesh) * int(config.train.grad_accum_steps), process_count)
+    multiple = batch_multiple(config, mesh, process_count)
     resolved = config.copy_and_resolve_references()
-    for field in ("global_batch_size", "eval_batch_size"):
+    fields = ["global_batch_size", "eval_batch_size"]
+    if float(config.train.get("batch_warmup_tokens", 0)) > 0:
+        fields.append("batch_warmup_start")  # bertjax.training.batch_schedule
+    for field in fields:
         rows = round(int(config.train[field]) / instances_per_row / multiple) * multiple
         resolved.train[field] = max(multiple, rows)
     if announce and jax.process_index() == 0:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bertjax.pretrain import compile_for_slice
-from bertjax.training import compile_report
+from bertjax.training import batch_schedule, compile_report
 from tests.commands import in_process
 
 REPO = pathlib.Path(__file__).parents[2]
@@ -133,7 +133,8 @@ def test_a_packed_config_compiles_the_shapes_main_runs(tmp_path, monkeypatch):
         loop.train_and_evaluate(config, str(tmp_path / "workdir"))
     main_args = compile_report.abstract_args(built["steps"].trainer, built["steps"].eval_batch)
     bert_config = built["steps"].bert_config
-    first = next(loop._train_batches(built["config"], bert_config, start_batch=0))
+    schedule = batch_schedule.BatchSchedule(int(built["config"].train.global_batch_size))
+    first = next(loop._train_batches(built["config"], bert_config, schedule, 0, 0))
     _, _, *compile_args = compile_for_slice.steps_for_slice(config, "v5litepod-8")
 
     def shapes(batch):

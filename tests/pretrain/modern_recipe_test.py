@@ -5,6 +5,7 @@ a checkpoint, and phase 2 (8,192 tokens, global RoPE base 160,000) resumes phase
 which a BERT run may not do with the same changes."""
 
 import pathlib
+import re
 import sys
 
 import jax
@@ -20,7 +21,7 @@ import modernbert_base  # noqa: E402
 import modernbert_tiny  # noqa: E402
 
 
-def _tiny(tmp_path, num_steps):
+def _tiny(tmp_path, num_steps, **train):
     corpus = tiny_run.write_env(tmp_path)
     config = modernbert_tiny.get_config().unlock()
     config.model.update(hidden_size=32, num_heads=2, intermediate_size=48, num_layers=3,
@@ -28,7 +29,9 @@ def _tiny(tmp_path, num_steps):
     config.data.update(input_files=[str(corpus)], eval_input_files=[str(corpus)],
                        max_seq_length=32, max_predictions_per_seq=10,
                        cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    config.train.update(num_steps=num_steps, global_batch_size=16, eval_every=0, log_every=1)
+    config.train.update(num_steps=num_steps, global_batch_size=16, eval_every=0, log_every=1,
+                        batch_warmup_tokens=0)  # fmt: skip
+    config.train.update(train)
     # One schedule of 6 steps (2 of warmup, 3 of cooldown) whatever num_steps stops the run at.
     config.optimizer.update(warmup_steps=2, cooldown_steps=3, decay_steps=6)
     config.checkpoint.every_steps = 2
@@ -53,6 +56,53 @@ def test_the_tiny_recipe_resumes_bit_exactly(tmp_path, capsys):
     assert any("mlp_norm" in jax.tree_util.keystr(p) for p, _ in leaves)  # the modern layers
     for (path, a), b in zip(leaves, jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=str(path))
+
+
+def _recording(monkeypatch) -> list:
+    """Every run's host batches from now on: [[input_ids of each step] of each run]."""
+    from bertjax.training import loop as loop_lib  # noqa: PLC0415
+
+    runs, run = [], loop_lib.Loop.run
+
+    def recorded(self, state, batches):
+        runs.append([])
+        return run(self, state, (runs[-1].append(b["input_ids"].copy()) or b for b in batches))
+
+    monkeypatch.setattr(loop_lib.Loop, "run", recorded)
+    return runs
+
+
+def test_a_batch_size_warm_up_resumes_mid_stage_reading_the_stream_in_order(
+    tmp_path, capsys, monkeypatch
+):
+    """The batch grows 8 -> 16 -> 24 rows and stays at 32 (2 steps a size); a run stopped at step
+    3, in the middle of a size, resumes with the rows an uninterrupted run reads at each step
+    (the data position is counted in units of the sizes' gcd) and ends bit-identical."""
+    from bertjax.pretrain import loop  # noqa: PLC0415
+
+    warm_up = dict(global_batch_size=32, batch_warmup_start=8, batch_warmup_stages=3,
+                   batch_warmup_tokens=2 * 32 * (8 + 16 + 24))  # fmt: skip
+    runs = _recording(monkeypatch)
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    loop.train_and_evaluate(_tiny(tmp_path, 7, **warm_up), str(whole))
+    out = capsys.readouterr().out
+    assert "batch-size warm-up: 8, 16, 24 rows, 2 steps each (steps 0-5, 3,072 tokens)" in out, out
+    # The learning rate counts full-batch steps: update 1 follows 8 of 32 rows, a quarter of a
+    # full batch, so it takes 0.25 / 2 (warmup_steps) of the peak, 5e-4.
+    assert re.search(r"^step 2/7 .* lr 6.25e-05 ", out, re.M), out
+    loop.train_and_evaluate(_tiny(tmp_path, 3, **warm_up), str(halves))
+    loop.train_and_evaluate(_tiny(tmp_path, 7, **warm_up), str(halves))
+    assert "restored step 3 " in capsys.readouterr().out
+    want, first, second = runs
+    assert [len(b) for b in want] == [8, 8, 16, 16, 24, 24, 32]
+    for step, (a, b) in enumerate(zip(want, first + second, strict=True)):
+        np.testing.assert_array_equal(b, a, err_msg=f"step {step}")
+    # The rows are the stream's in order: step 1's rows are not step 0's again.
+    assert not np.array_equal(want[0], want[1])
+    got, *_ = workdir_lib.latest_params(halves)
+    expected, *_ = workdir_lib.latest_params(whole)
+    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
 
 
 def test_phase_2_extends_the_context_of_phase_1s_workdir(tmp_path):
