@@ -77,6 +77,9 @@ def run(name: str, out_dir: str, steps: int) -> dict:
                f"--workdir={workdir}", f"--config.train.num_steps={steps}"]  # fmt: skip
     if name == "modernbert":  # evaluate at the same fractions of the run as tiny.py
         command += [f"--config.train.eval_every={max(steps // 4, 1)}"]
+        # The budget counts full batches (step_flops): compare at a constant batch, without the
+        # shipped batch-size warm-up, whose smaller first batches the count would overstate.
+        command += ["--config.train.batch_warmup_tokens=0"]
     started = time.time()
     with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
         subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, check=True)
