@@ -1,8 +1,9 @@
 """The ModernBERT recipe as configs ship it: ``configs/modernbert_base.py``'s two phases and
 ``configs/modernbert_tiny.py``, run in-process on a slice of the bundled corpus: the tiny recipe
-(packed rows, MLM at 30% without NSP, StableAdamW, a 1-sqrt cooldown) resumes bit-exactly from
-a checkpoint, and phase 2 (8,192 tokens, global RoPE base 160,000) resumes phase 1's workdir,
-which a BERT run may not do with the same changes."""
+(packed rows, MLM at 30% without NSP, StableAdamW, a batch-size warm-up, a 1-sqrt cooldown)
+resumes bit-exactly from a checkpoint in the middle of a batch size, and phase 2 (8,192 tokens,
+global RoPE base 160,000) resumes phase 1's workdir, which a BERT run may not do with the same
+changes."""
 
 import pathlib
 import re
@@ -38,26 +39,6 @@ def _tiny(tmp_path, num_steps, **train):
     return config.lock()
 
 
-def test_the_tiny_recipe_resumes_bit_exactly(tmp_path, capsys):
-    from bertjax.pretrain import loop  # noqa: PLC0415
-
-    whole, halves = tmp_path / "whole", tmp_path / "halves"
-    loop.train_and_evaluate(_tiny(tmp_path, 6), str(whole))
-    loop.train_and_evaluate(_tiny(tmp_path, 4), str(halves))  # stops after step 4's save
-    capsys.readouterr()
-    loop.train_and_evaluate(_tiny(tmp_path, 6), str(halves))  # resumes at 4: the cooldown
-    out = capsys.readouterr().out
-    assert "restored step 4 " in out
-    # No NSP in the recipe: its untrained head's loss and accuracy are neither shown nor kept.
-    assert " mlm_acc " in out and "nsp" not in out, out[-2000:]
-    got, *_ = workdir_lib.latest_params(halves)
-    want, *_ = workdir_lib.latest_params(whole)
-    leaves = jax.tree.leaves_with_path(want)
-    assert any("mlp_norm" in jax.tree_util.keystr(p) for p, _ in leaves)  # the modern layers
-    for (path, a), b in zip(leaves, jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=str(path))
-
-
 def _recording(monkeypatch) -> list:
     """Every run's host batches from now on: [[input_ids of each step] of each run]."""
     from bertjax.training import loop as loop_lib  # noqa: PLC0415
@@ -72,37 +53,47 @@ def _recording(monkeypatch) -> list:
     return runs
 
 
-def test_a_batch_size_warm_up_resumes_mid_stage_reading_the_stream_in_order(
+def test_the_tiny_recipe_resumes_mid_warm_up_reading_the_stream_in_order(
     tmp_path, capsys, monkeypatch
 ):
-    """The batch grows 8 -> 16 -> 24 rows and stays at 32 (2 steps a size); a run stopped at step
-    3, in the middle of a size, resumes with the rows an uninterrupted run reads at each step
-    (the data position is counted in units of the sizes' gcd) and ends bit-identical."""
+    """The tiny recipe with its batch-size warm-up: the batch grows 8 -> 16 -> 24 rows and stays
+    at 32 (2 steps a size); the schedule's 6 full-batch steps have 2 of warmup and end with a
+    1-sqrt cooldown of 3, which steps 7 and 8 enter. A run stopped at step 3, in the middle of a
+    size, resumes with the rows an uninterrupted run reads at each step (the data position is
+    counted in units of the sizes' gcd), through the cooldown, and ends bit-identical."""
     from bertjax.pretrain import loop  # noqa: PLC0415
 
     warm_up = dict(global_batch_size=32, batch_warmup_start=8, batch_warmup_stages=3,
                    batch_warmup_tokens=2 * 32 * (8 + 16 + 24))  # fmt: skip
     runs = _recording(monkeypatch)
     whole, halves = tmp_path / "whole", tmp_path / "halves"
-    loop.train_and_evaluate(_tiny(tmp_path, 7, **warm_up), str(whole))
+    loop.train_and_evaluate(_tiny(tmp_path, 8, **warm_up), str(whole))
     out = capsys.readouterr().out
     assert "batch-size warm-up: 8, 16, 24 rows, 2 steps each (steps 0-5, 3,072 tokens)" in out, out
-    # The learning rate counts full-batch steps: update 1 follows 8 of 32 rows, a quarter of a
-    # full batch, so it takes 0.25 / 2 (warmup_steps) of the peak, 5e-4.
-    assert re.search(r"^step 2/7 .* lr 6.25e-05 ", out, re.M), out
+    # The learning rate counts full-batch steps (rows before the update / 32: 0, .25, .5, 1,
+    # 1.5, 2.25, 3, 4): update 1 takes 0.25 / 2 (warmup_steps) of the peak, 5e-4; update 6
+    # starts the cooldown at 3 of the schedule's 6; update 7 is a third into it (1 - sqrt).
+    lrs = {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d)/8 .* lr (\S+) ", out, re.M)}
+    assert lrs[2] == pytest.approx(6.25e-5) and lrs[7] == pytest.approx(5e-4), lrs
+    assert lrs[8] == pytest.approx(5e-4 * (1 - (1 / 3) ** 0.5), rel=1e-2), lrs
     loop.train_and_evaluate(_tiny(tmp_path, 3, **warm_up), str(halves))
-    loop.train_and_evaluate(_tiny(tmp_path, 7, **warm_up), str(halves))
-    assert "restored step 3 " in capsys.readouterr().out
+    loop.train_and_evaluate(_tiny(tmp_path, 8, **warm_up), str(halves))
+    out = capsys.readouterr().out
+    assert "restored step 3 " in out
+    # No NSP in the recipe: its untrained head's loss and accuracy are neither shown nor kept.
+    assert " mlm_acc " in out and "nsp" not in out, out[-2000:]
     want, first, second = runs
-    assert [len(b) for b in want] == [8, 8, 16, 16, 24, 24, 32]
+    assert [len(b) for b in want] == [8, 8, 16, 16, 24, 24, 32, 32]
     for step, (a, b) in enumerate(zip(want, first + second, strict=True)):
         np.testing.assert_array_equal(b, a, err_msg=f"step {step}")
     # The rows are the stream's in order: step 1's rows are not step 0's again.
     assert not np.array_equal(want[0], want[1])
     got, *_ = workdir_lib.latest_params(halves)
     expected, *_ = workdir_lib.latest_params(whole)
-    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
-        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    leaves = jax.tree.leaves_with_path(expected)
+    assert any("mlp_norm" in jax.tree_util.keystr(p) for p, _ in leaves)  # the modern layers
+    for (path, a), b in zip(leaves, jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=str(path))
 
 
 def test_phase_2_extends_the_context_of_phase_1s_workdir(tmp_path):
