@@ -18,6 +18,9 @@ before anything is built, and :func:`resolve` makes the run config from it:
   command line must agree with a casing the checkpoint records; a checkpoint that records none
   (TF1; HF without ``tokenizer_config.json``) takes it, else the casing its vocab implies
   (``bertjax.interop.converted.vocab_casing``).
+* **Objective**: a 'modernbert' checkpoint was pretrained without NSP (ModernBERT's recipe),
+  so its run is MLM only (``data.nsp`` False, ``train.nsp_loss_weight`` 0) unless the command
+  line sets either (:func:`_modern_objective`); a BERT checkpoint keeps the config's objective.
 * ``data.max_seq_length`` beyond the checkpoint's ``max_position_embeddings`` is an error.
 
 **Heads** (:class:`Continued`): the checkpoint's ``encoder``, ``pooler``, ``mlm`` and ``nsp``
@@ -133,6 +136,7 @@ def resolve(config, command_line: Mapping[str, Any], workdir: str | None = None)
         f"({conv.config.vocab_size} entries, {casing})",
         flush=True,
     )
+    _modern_objective(run, conv.config, command_line)
     params = {name: conv.params[name] for name in SUBTREES if name in conv.params}
     fresh = [name for name in SUBTREES if name not in params]
     record = init_record.InitRecord.of(source, fmt, params, fresh)  # unscanned: the fingerprint
@@ -205,6 +209,7 @@ def _from_record(config, command_line, record: dict, init, workdir: str):
         f"{run.data.vocab_file} ({record['vocab']['entries']} entries, {casing})",
         flush=True,
     )
+    _modern_objective(run, recorded, command_line)
     resumed = Resumed(init, str(config.init_checkpoint), workdir, run.data.do_lower_case,
                       recorded.num_layers, bool(run.model.scan_layers))  # fmt: skip
     return run.lock(), resumed
@@ -230,6 +235,21 @@ def _take_architecture(run, found: BertConfig, origin: str, why: str, command_li
             changes.append(f"{field} {run.model[field]} -> {value}")
             run.model[field] = value
     return changes
+
+
+def _modern_objective(run, found: BertConfig, command_line) -> None:
+    """MLM without NSP for a 'modernbert' checkpoint (module docstring, Objective), with a line
+    saying so; the config's objective for BERT, or when the command line sets NSP's keys."""
+    nsp_keys = ("data.nsp", "train.nsp_loss_weight")
+    if not found.is_modern or any(key in command_line for key in nsp_keys):
+        return
+    if run.data.nsp or float(run.train.nsp_loss_weight):
+        run.data.nsp, run.train.nsp_loss_weight = False, 0.0
+        print(
+            "objective: MLM without NSP, as the 'modernbert' checkpoint was pretrained "
+            "(data.nsp=False, train.nsp_loss_weight=0; set them on the command line to change it)",
+            flush=True,
+        )
 
 
 def _take_vocab(run, conv: Converted, source: str, command_line) -> None:

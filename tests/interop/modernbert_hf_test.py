@@ -136,3 +136,48 @@ def test_continued_pretraining_takes_the_exported_architecture_and_rope_bases(tm
         assert (run.model.architecture, run.model.local_attention) == ("modernbert", 16)
         assert (run.model.global_rope_theta, run.model.local_rope_theta) == (global_theta, 5e3)
         assert set(found.params) == {"encoder", "mlm"} and found.fresh == ("pooler", "nsp")
+
+
+def test_a_bpe_modernbert_directory_continues_pretraining_mlm_only_and_resumes_without_it(
+    tmp_path, capsys
+):
+    """``configs/tiny.py`` with ``config.init_checkpoint`` = a ModernBERT directory holding only
+    a BPE tokenizer.json: the run is the checkpoint's architecture, tokenizes with its BPE
+    (the workdir keeps the tokenizer.json), and trains MLM without NSP, which ModernBERT never
+    had; deleted after the first save, the directory is not needed to resume, and the resumed
+    run keeps the objective."""
+    import shutil  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from bertjax.data import bundled, vocab  # noqa: PLC0415
+    from bertjax.pretrain import loop  # noqa: PLC0415
+    from tests.commands import tiny_run  # noqa: PLC0415
+
+    bpe = tmp_path / "tokenizer.json"
+    vocab.train_bpe([bundled.bundled_paths().eval], str(bpe), 300, do_lower_case=False)
+    conv = _converted(tmp_path, vocab_size=300)
+    dst = hf.write(str(tmp_path / "hf"), Converted(conv.params, conv.config, str(bpe), False))
+    corpus = tiny_run.write_env(tmp_path)
+    sys.path.insert(0, str(tiny_run.REPO / "configs"))
+    import tiny  # noqa: PLC0415
+
+    def run(num_steps):
+        config = tiny.get_config().unlock()
+        config.init_checkpoint = dst
+        config.data.update(input_files=[str(corpus)], eval_input_files=[str(corpus)],
+                           max_seq_length=32, max_predictions_per_seq=5,
+                           cache_dir=str(tmp_path / "cache"))  # fmt: skip
+        config.train.update(num_steps=num_steps, global_batch_size=8, eval_every=0, log_every=1)
+        loop.train_and_evaluate(config.lock(), str(tmp_path / "run"), {})
+        return capsys.readouterr().out
+
+    out = run(2)
+    assert "architecture bert -> modernbert" in out and "/hf/tokenizer.json (300 entries" in out
+    assert "objective: MLM without NSP" in out, out
+    steps = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(steps) == 2 and all("mlm_acc" in s and "nsp" not in s for s in steps), out
+    assert (tmp_path / "run" / "tokenizer.json").read_bytes() == bpe.read_bytes()
+    shutil.rmtree(tmp_path / "hf")
+    out = run(3)
+    assert "restored step 2 " in out and "objective: MLM without NSP" in out, out
+    assert "step 3/3 " in out and " nsp_" not in out, out
