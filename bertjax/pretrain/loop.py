@@ -113,7 +113,7 @@ def train_and_evaluate(config, workdir: str, command_line: Mapping[str, Any] | N
         print(schedule.describe(int(config.train.num_steps)), flush=True)
     shapes = objective_lib.attention_shapes(config, bert_config)
     checked = kernel_check.checked(sh.bert_config_for(bert_config, mesh), mesh, shapes)
-    steps = objective_lib.build_steps(config, mesh, checked)
+    steps = objective_lib.build_steps(config, mesh, checked, schedule)
     started = core_start.start(workdir, start_lib.plan(config, steps, continued), steps.trainer)
     del continued  # its host params are on the devices now, or unused by a resumed run
     meta, signature = started.meta, inputs.data_signature(config, schedule=schedule)

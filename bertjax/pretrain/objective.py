@@ -187,14 +187,19 @@ def attention_shapes(config, bert_config: BertConfig) -> self_check.Shapes:
     return self_check.Shapes(length=length, queries=queries, packed=pack)
 
 
-def build_steps(config, mesh: Mesh, bert_config: BertConfig | None = None) -> Steps:
+def build_steps(
+    config, mesh: Mesh, bert_config: BertConfig | None = None, batches: BatchSchedule | None = None
+) -> Steps:
     """The trainer (abstract state, shardings, train step) and the eval step, jitted once for
     ``config``'s global batch shapes on ``mesh``, of ``bert_config`` (default: the config's
-    model; the run passes the one its kernel check decided). Nothing is allocated."""
+    model; the run passes the one its kernel check decided), with the learning rate counting
+    ``batches``' full-batch steps (default: the schedule ``config`` gives on ``mesh``; the run
+    passes the one it reads its data by). Nothing is allocated."""
     bert_config = sh.bert_config_for(bert_config or bert_config_from(config), mesh)
     length, predictions = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     objective = objective_from(config, bert_config)
-    batches = batch_schedule.on_mesh(config, mesh, jax.process_count())
+    if batches is None:  # the run's batch schedule, as bertjax.pretrain.loop derives it
+        batches = batch_schedule.on_mesh(config, mesh, jax.process_count())
     steps, step_map = schedule_steps(config, batches), batches.full_batch_steps
     tx = optimizer.create_optimizer(config.optimizer, steps, step_map)
     schedule = optimizer.learning_rate_schedule(config.optimizer, steps, step_map)
