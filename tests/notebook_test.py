@@ -7,6 +7,12 @@ fine-tuned for one epoch on 512 VADER words: on 256, at the notebook's learning 
 yet beat the majority class). The outputs must show what the notebook promises:
 progress lines, an inline plot, a dev accuracy above the majority class, and a similar sentence
 pair closer than an unrelated one.
+
+The fine-tuning cell is also the suite's check that learning is real: all-MiniLM-L6-v2's real
+pretrained weights, read from their HF directory through ``bertjax.interop``, fine-tuned on a
+real human-labelled sentiment set that ships in a package (the VADER lexicon,
+``bertjax.finetune.vader``), beat the majority class by at least 25 points (90.2% against 50.4%
+on 2026-11-28; the full run's figure is in docs/finetuning.md).
 """
 
 import os
@@ -104,9 +110,9 @@ def test_fine_tuned_model_beats_the_majority_class(cells):
     assert re.search(r"^step 16/16 loss ", text, re.MULTILINE), text
     accuracy = _number(r"^dev accuracy ([\d.]+)% vs majority class", text)
     majority = _number(r"vs majority class ([\d.]+)%$", text)
-    # The full run reaches 96.6% against 56.0% (README); this one-epoch subset far less, still
-    # far above always answering the more frequent label.
-    assert accuracy > majority + 15.0, text
+    # The full run reaches 96.6% against 56.0% (docs/finetuning.md); this one-epoch subset less,
+    # still far above always answering the more frequent label.
+    assert accuracy > majority + 25.0, text
 
 
 def test_similar_sentences_are_closer(cells):
