@@ -196,14 +196,13 @@ def table7(records: dict) -> tuple[str, list[dict]]:
     by_name = {}
     if feature:
         used.append(feature)
+        # bertjax.finetune.feature_based's rows: {"combination", "dev": {"f1", ...}, ...}
         for row in feature["results"]["feature_based"].get("rows", []):
-            by_name[str(row.get("combination", row.get("layers", "?")))] = row
+            by_name[str(row.get("combination"))] = row
     for combination in list(PAPER_TABLE7)[1:]:
         row = by_name.get(combination)
-        score = row.get("score", row.get("dev_f1")) if row else None
-        cell = (
-            "missing" if row is None else (f"{score:.1f}" if score is not None else json.dumps(row))
-        )
+        score = row.get("dev", {}).get("f1") if row else None
+        cell = "missing" if row is None else (f"{score:.1f}" if score is not None else "no dev F1")
         rows.append([f"feature-based: {combination}", cell, f"{PAPER_TABLE7[combination]:.1f}"])
     header = ["approach (BERT, WNUT-16 NER)", "dev F1", "paper (CoNLL-2003 dev F1)"]
     return _table(header, rows), used

@@ -110,8 +110,15 @@ def provenance() -> dict:
     }
 
 
-def _execute(run: plan.Run, out_dir: str) -> tuple[int, dict]:
-    """(exit status, the run's own results) of one attempt; the log gets its output."""
+def launch(argv: list[str], log) -> int:
+    """Runs a bertjax command (``[python, -m, module, flags...]``) from the repository root, its
+    output appended to the open file ``log``; -> its exit status."""
+    return subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def _execute(run: plan.Run, out_dir: str, launch=launch) -> tuple[int, dict]:
+    """(exit status, the run's own results) of one attempt; the log gets its output.
+    ``launch``: how a command runs (:func:`launch`; the suite's test-sized run, in its process)."""
     log_path = os.path.join(out_dir, "logs", run.name.replace("/", "__") + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     vocab_file = os.path.join(out_dir, "vocab.txt")
@@ -139,7 +146,7 @@ def _execute(run: plan.Run, out_dir: str) -> tuple[int, dict]:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {shlex.join(argv)}\n")
         log.flush()
-        status = subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        status = launch(argv, log)
     if status != 0:
         return status, {"log": log_path}
     try:
@@ -204,6 +211,22 @@ def run_plan(
     return failed
 
 
+def write_plan(out_dir: str, scale: scales.Scale, runs: list[plan.Run], command: list[str]) -> None:
+    """``OUT/plan.json``: the scale, the command and the runs, which the report reads."""
+    os.makedirs(out_dir, exist_ok=True)
+    atomic.write_text(
+        os.path.join(out_dir, "plan.json"),
+        json.dumps(
+            {
+                "scale": scale.name,
+                "command": shlex.join(command),
+                "runs": [{"name": r.name, "kind": r.kind, "info": dict(r.info)} for r in runs],
+            },
+            indent=1,
+        ),
+    )
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.paper.run", description=__doc__)
     parser.add_argument("--data_dir", default="")
@@ -231,18 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             print(f"{run.name}\n    {shlex.join(run.argv) if run.argv else run.kind}")
         return 0
-    os.makedirs(args.out_dir, exist_ok=True)
-    atomic.write_text(
-        os.path.join(args.out_dir, "plan.json"),
-        json.dumps(
-            {
-                "scale": scale.name,
-                "command": shlex.join(["python", "-m", "bench.paper.run", *argv]),
-                "runs": [{"name": r.name, "kind": r.kind, "info": dict(r.info)} for r in runs],
-            },
-            indent=1,
-        ),
-    )
+    write_plan(args.out_dir, scale, runs, ["python", "-m", "bench.paper.run", *argv])
     start = time.time()
     failed = run_plan(runs, args.out_dir, scale.name, ["python", "-m", "bench.paper.run", *argv])
     print(
