@@ -2,10 +2,11 @@
 
 A tiny randomly initialised bertjax checkpoint (MiniLM's 30,522-entry vocab) stands in for a
 pretrained model; these tests check plumbing and output formats (tests/notebook_test.py checks
-that learning happens, with MiniLM's real weights). The command's checks run ``bertjax.finetune`` as ``__main__`` in the test's
-process (``tests.commands.in_process``: absl's flags, one-line errors, a start-up saved each),
-except the kill test's runs, which must be processes; its uninterrupted reference run is also
-the STS-B end-to-end check. The sweep's table is checked in inputs_test.py, with its resume.
+that learning happens, with MiniLM's real weights). The command's checks run
+``bertjax.finetune`` as ``__main__`` in the test's process (``tests.commands.in_process``:
+absl's flags, one-line errors, a start-up saved each), except the kill test's runs, which must
+be processes; its uninterrupted reference run is also the STS-B end-to-end check. The sweep's
+table is checked in inputs_test.py, with its resume.
 """
 
 import importlib.util

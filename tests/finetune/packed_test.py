@@ -176,8 +176,9 @@ def test_packed_train_and_evaluate_on_real_weights(tmp_path, capsys, monkeypatch
     """MiniLM fine-tuned packed on 128 VADER sentiment words (SST-2 format,
     ``bertjax.finetune.vader``): the run packs (its line), trains, and writes what an unpacked
     run writes; its dev metrics equal what its saved checkpoint gives evaluated unpacked. On one
-    device, as the notebook's fine-tune: data-parallel over the suite's eight fake devices, each would apply
-    the whole 22M-parameter update (1.8x the CPU); packed rows under a mesh are the other tests'."""
+    device, as the notebook's fine-tune: data-parallel over the suite's eight fake devices, each
+    would apply the whole 22M-parameter update (1.8x the CPU); packed rows under a mesh are the
+    other tests'."""
     pytest.importorskip("vaderSentiment")
     create_mesh = sh.create_mesh  # every mesh of the test: over the first device only
     monkeypatch.setattr(
