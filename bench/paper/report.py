@@ -15,8 +15,8 @@ Tables follow the paper's layout, the paper's own numbers (BERT-BASE) beside the
   pretraining, and the fine-tuned dev scores, per (L, H, A).
 - Table 7 (feature-based, NER): fine-tuning against the six layer combinations.
 - Curves: held-out MLM / LTR accuracy against pretraining steps, and the dev score of models
-  fine-tuned from intermediate steps (tables, and ``curves.png`` beside the output with
-  ``--output`` when matplotlib is installed).
+  fine-tuned from intermediate steps (tables, and with ``--output=NAME.md`` a plot,
+  ``NAME_curves.png`` beside it, when matplotlib is installed).
 
 Each table names the runs' machine, dates, commit and the command that made them. A scale other
 than ``full`` is headed as a plumbing check, not a finding.
@@ -30,6 +30,8 @@ import json
 import math
 import os
 import sys
+
+from bertjax import atomic
 
 # The paper's dev numbers, BERT-BASE (Devlin et al., 2019, Tables 5-7).
 PAPER_TABLE5 = {  # model -> (QNLI dev accuracy, SQuAD v1.1 dev F1)
@@ -321,18 +323,25 @@ def render(out_dir: str, png_path: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.paper.report", description=__doc__)
     parser.add_argument("--out_dir", default="")
-    parser.add_argument("--output", default="", help="write here (and curves.png beside it)")
+    parser.add_argument(
+        "--output", default="", help="write here (and <output>_curves.png beside it)"
+    )
     args = parser.parse_args(argv)
     try:
-        png = os.path.join(os.path.dirname(os.path.abspath(args.output)), "curves.png")
-        text = render(args.out_dir, png if args.output else "")
+        png = ""
+        if args.output:  # docs/paper_miniature.md -> docs/paper_miniature_curves.png
+            os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+            png = os.path.splitext(os.path.abspath(args.output))[0] + "_curves.png"
+        text = render(args.out_dir, png)
+        if args.output:
+            atomic.write_text(args.output, text)
     except ValueError as e:
         print(f"bench.paper.report: {e}", file=sys.stderr)
         return 2
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
+    except OSError as e:
+        print(f"bench.paper.report: --output={args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if not args.output:
         print(text)
     return 0
 

@@ -154,7 +154,9 @@ def test_a_slice_of_the_plan_runs_end_to_end_and_reports(tmp_path, monkeypatch, 
     table7 = results("feature_based/bert/wnut16")["feature_based"]
     assert table7, table7
     # The report: the paper's tables beside the miniature's cells, the runs not made named.
-    markdown = report.render(str(out), str(tmp_path / "curves.png"))
+    output = tmp_path / "docs" / "paper_miniature.md"  # a folder the command makes
+    assert report.main([f"--out_dir={out}", f"--output={output}"]) == 0
+    markdown = output.read_text()
     for heading in ("Table 5", "Table 6", "Table 7"):
         assert heading in markdown
     # Table 5's BiLSTM row and Table 7's six combinations hold the runs' dev F1s.
@@ -162,4 +164,9 @@ def test_a_slice_of_the_plan_runs_end_to_end_and_reports(tmp_path, monkeypatch, 
     f1s = re.findall(r"^\| feature-based: \w+ \| (\S+) \|", markdown, re.M)
     assert len(f1s) == 6 and all(re.fullmatch(r"\d+\.\d", f) for f in f1s), markdown
     assert "## Missing runs\n\nNone." in markdown  # every run of the slice finished
-    assert os.path.getsize(tmp_path / "curves.png") > 1000
+    assert "![curves](paper_miniature_curves.png)" in markdown
+    assert os.path.getsize(tmp_path / "docs" / "paper_miniature_curves.png") > 1000
+    capsys.readouterr()
+    assert report.main([f"--out_dir={out}", f"--output={output}/under_a_file.md"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()  # one line naming the flag, no traceback
+    assert line.startswith(f"bench.paper.report: --output={output}/under_a_file.md: "), line
