@@ -30,6 +30,21 @@ def flat(tree, prefix=""):
         else:
             yield prefix + key, np.asarray(value)
 """
+# ``python -m MODULE ARGV`` for each [MODULE, *ARGV] of argv[1] (JSON), in one process run in the
+# namespace (a start-up saved per run, ``tests.commands.in_process``): absl's flags reset between
+# runs, each run the module as ``__main__``; its exit status, what it wrote to file descriptors 1
+# and 2 (C++ logs too) and its wall seconds, as JSON lines.
+COMMANDS = """
+import json, os, sys, time
+from tests.commands.in_process import run_module
+real = os.dup(1)
+for argv in json.loads(sys.argv[1]):
+    started = time.monotonic()
+    done = run_module(argv[0], *argv[1:], process_setup=True)
+    result = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+              "seconds": time.monotonic() - started}
+    os.write(real, (json.dumps(result) + "\\n").encode())
+"""
 # The shape of main_test's runs (tests/commands/main_test.py), which the TFRecords must match.
 MAX_SEQ_LENGTH, MAX_PREDICTIONS = 32, 5
 

@@ -29,7 +29,7 @@ import time
 import pytest
 
 from tests import cpu_xla
-from tests.gcs.conftest import DATA_BUCKET, REPO, download_tree, upload_tree
+from tests.gcs.conftest import COMMANDS, DATA_BUCKET, REPO, download_tree, upload_tree
 
 pytestmark = pytest.mark.xdist_group("gcs")
 WORK = "bertjax-finetune"
@@ -140,20 +140,6 @@ def _wait_for_hold(gcs, mark, proc, timeout=240):
             raise AssertionError(f"the run ended before step 4's seal: {proc.communicate()[1]}")
         time.sleep(0.02)
     raise AssertionError(f"step 4's seal was not held within {timeout} s")
-
-
-# ``python -m bertjax.finetune ARGV`` for each ARGV of argv[1] (JSON), in one process (a
-# start-up saved per run): absl's flags reset between runs, each run the module as ``__main__``;
-# its exit status and what it wrote to file descriptors 1 and 2 (C++ logs too) as JSON lines.
-COMMANDS = """
-import json, os, sys
-from tests.commands.in_process import run_module
-real = os.dup(1)
-for argv in json.loads(sys.argv[1]):
-    done = run_module(argv[0], *argv[1:], process_setup=True)
-    result = {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
-    os.write(real, (json.dumps(result) + "\\n").encode())
-"""
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ lands exactly where it is meant to:
    next one's data object missing: both named, the run resumes from the step before and ends
    bit-identical; the damaged step's data was never downloaded (verified from the listing);
 4. permanent faults (403 on the workdir's bucket, a data bucket that does not exist): one line
-   naming the gs:// path, well within a minute.
+   naming the gs:// path, well within a minute (both runs in one process: ``COMMANDS``).
 """
 
 import json
@@ -31,7 +31,7 @@ import pytest
 
 from tests.commands.faults_test import _until_step
 from tests.commands.main_test import NUM_STEPS, _overrides, env
-from tests.gcs.conftest import FLAT_PARAMS, REPO
+from tests.gcs.conftest import COMMANDS, FLAT_PARAMS, REPO
 
 pytestmark = pytest.mark.xdist_group("gcs")
 __all__ = ["env"]  # main_test's fixture, instantiated for this module
@@ -297,21 +297,23 @@ def test_damaged_newest_steps_fall_back_to_the_newest_that_verifies(gcs, runs, r
 
 
 def test_permanent_faults_are_one_line_naming_the_path_within_a_minute(gcs, runs):
+    """Both runs in one process in the namespace (``COMMANDS``: refused before their devices
+    compute, a start-up saved); the 403 is injected on every request about its bucket alone."""
     gcs.create_bucket("bertjax-denied")
     denied = [{"match": "bertjax-denied", "fault": "403"}]  # every request about the bucket
-    cases = [  # (workdir, overrides, faults, what the line must say)
-        ("gs://bertjax-denied/run", [], denied,
+    cases = [  # (workdir, overrides, what the line must say, the gs:// path it must name)
+        ("gs://bertjax-denied/run", [],
          "HTTP response code 403 with body '{\"error\": {\"code\": 403, \"message\": \"injected by "
-         "the test front\""),
-        (f"gs://{WORK}/never", ["--config.data.input_files=gs://bertjax-missing/train-*"], [],
-         "HTTP response code 404"),
+         "the test front\"", "gs://bertjax-denied/run"),
+        (f"gs://{WORK}/never", ["--config.data.input_files=gs://bertjax-missing/train-*"],
+         "HTTP response code 404", "gs://bertjax-missing/"),
     ]  # fmt: skip
-    for workdir, extra, faults, reason in cases:
-        started = time.monotonic()
-        with gcs.faults(faults):
-            result = runs.run(workdir, *extra, timeout=120)
-        took = time.monotonic() - started
-        line = _one_line_error(result)
-        named = workdir if faults else "gs://bertjax-missing/"
+    argvs = [["bertjax.main", *runs.command(workdir, *extra)[3:]] for workdir, extra, *_ in cases]
+    with gcs.faults(denied):
+        out = gcs.python(COMMANDS, json.dumps(argvs), env=runs.environ, cwd=REPO, timeout=240)
+    results = [json.loads(line) for line in out.splitlines() if line.startswith('{"code": ')]
+    for (_, _, reason, named), result in zip(cases, results, strict=True):
+        done = subprocess.CompletedProcess([], result["code"], result["stdout"], result["stderr"])
+        line = _one_line_error(done)
         assert line.startswith("main: error: ") and reason in line and named in line, line
-        assert took < 60, f"{took:.0f} s: {line}"
+        assert result["seconds"] < 60, f"{result['seconds']:.0f} s: {line}"
