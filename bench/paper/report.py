@@ -19,7 +19,9 @@ Tables follow the paper's layout, the paper's own numbers (BERT-BASE) beside the
   ``NAME_curves.png`` beside it, when matplotlib is installed).
 
 Each table names the runs' machine, dates, commit and the command that made them. A scale other
-than ``full`` is headed as a plumbing check, not a finding.
+than ``full`` is headed as a plumbing check, not a finding. ``--reading=FILE`` puts a person's
+reading of the tables (which of the paper's orderings reproduce, which do not, and why) under the
+title; the tables never contain prose.
 """
 
 from __future__ import annotations
@@ -293,7 +295,9 @@ def plot(series: dict, path: str) -> bool:
     return True
 
 
-def render(out_dir: str, png_path: str = "") -> str:
+def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
+    """The report; ``reading``: Markdown a person wrote after reading the tables (what reproduces
+    and what does not, and why), placed under the title as it is."""
     plan, records = load(out_dir)
     command = plan["command"]
     parts = [f"# The paper in miniature: scale `{plan['scale']}`\n"]
@@ -302,6 +306,8 @@ def render(out_dir: str, png_path: str = "") -> str:
             f"**Scale `{plan['scale']}` checks the plumbing: tiny models, few steps and "
             "examples. These numbers are not findings.**\n"
         )
+    if reading:
+        parts.append(reading.strip() + "\n")
     for title, (text, used) in (
         ("The protocol check: is each task learnt at this scale?", gates(records, plan)),
         ("Table 5: pretraining tasks", table5(records)),
@@ -326,13 +332,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", default="", help="write here (and <output>_curves.png beside it)"
     )
+    parser.add_argument(
+        "--reading", default="", help="a Markdown file with the reading, placed under the title"
+    )
     args = parser.parse_args(argv)
     try:
+        reading = ""
+        if args.reading:
+            try:
+                with open(args.reading, encoding="utf-8") as f:
+                    reading = f.read()
+            except OSError as e:
+                raise ValueError(f"--reading={args.reading}: {e.strerror or e}") from None
         png = ""
         if args.output:  # docs/paper_miniature.md -> docs/paper_miniature_curves.png
             os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
             png = os.path.splitext(os.path.abspath(args.output))[0] + "_curves.png"
-        text = render(args.out_dir, png)
+        text = render(args.out_dir, png, reading)
         if args.output:
             atomic.write_text(args.output, text)
     except ValueError as e:

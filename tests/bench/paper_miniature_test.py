@@ -155,8 +155,11 @@ def test_a_slice_of_the_plan_runs_end_to_end_and_reports(tmp_path, monkeypatch, 
     assert table7, table7
     # The report: the paper's tables beside the miniature's cells, the runs not made named.
     output = tmp_path / "docs" / "paper_miniature.md"  # a folder the command makes
-    assert report.main([f"--out_dir={out}", f"--output={output}"]) == 0
+    reading = tmp_path / "reading.md"
+    reading.write_text("## Reading\n\nNothing reproduces at this size, as expected.\n")
+    assert report.main([f"--out_dir={out}", f"--output={output}", f"--reading={reading}"]) == 0
     markdown = output.read_text()
+    assert markdown.index("## Reading\n\nNothing reproduces") < markdown.index("## Table 5")
     for heading in ("Table 5", "Table 6", "Table 7"):
         assert heading in markdown
     # Table 5's BiLSTM row and Table 7's six combinations hold the runs' dev F1s.
@@ -170,3 +173,6 @@ def test_a_slice_of_the_plan_runs_end_to_end_and_reports(tmp_path, monkeypatch, 
     assert report.main([f"--out_dir={out}", f"--output={output}/under_a_file.md"]) == 2
     (line,) = capsys.readouterr().err.splitlines()  # one line naming the flag, no traceback
     assert line.startswith(f"bench.paper.report: --output={output}/under_a_file.md: "), line
+    assert report.main([f"--out_dir={out}", f"--reading={tmp_path}/nope.md"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"bench.paper.report: --reading={tmp_path}/nope.md: No such file or directory"
