@@ -17,6 +17,7 @@ worth gating, so BERT alone is gated (MiniLM continued, the ceiling, is not run)
 score, to let the gated runs go on; the gate itself is tested in paper_run_test.py.
 """
 
+import dataclasses
 import gzip
 import json
 import os
@@ -29,10 +30,10 @@ from tests.commands import in_process
 
 TESTDATA = pathlib.Path(__file__).parents[1] / "testdata" / "finetune"
 
-TINY = scales.Scale(
+# The smoke scale made smaller: 1-layer models, 4 pretraining steps, 16 train examples.
+TINY = dataclasses.replace(
+    scales.SCALES["smoke"],
     name="test",
-    corpus_files=("train-00000-of-00008.txt.gz",),
-    vocab_files=("eval.txt.gz",),
     vocab_size=1000,
     main_size=scales.Size(1, 32, 2),
     ladder=(scales.Size(1, 32, 2),),
@@ -44,20 +45,12 @@ TINY = scales.Scale(
     pretrain_warmup=1,
     eval_every=2,
     eval_batches=1,
-    continue_steps=2,
-    continue_warmup=1,
     curve_steps=(2,),
-    curve_tasks=("qnli",),
     train_examples=16,
     dev_examples=8,
     finetune_seq_length=32,
     finetune_batch=8,
-    finetune_epochs=1.0,
     learning_rates=(1e-3,),
-    ceiling_learning_rates=(1e-4,),
-    restarts=1,
-    ceiling_restarts=1,
-    feature_learning_rate=1e-3,
 )
 ONLY = "finetune/bert/squad,finetune/ltr@2/qnli,bilstm/ltr/wnut16,feature_based/bert/wnut16"
 WNUT_TYPES = {"PER": "person", "LOC": "geo-loc", "ORG": "company", "MISC": "other"}
