@@ -254,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             print(f"{run.name}\n    {shlex.join(run.argv) if run.argv else run.kind}")
         return 0
-    write_plan(args.out_dir, scale, runs, ["python", "-m", "bench.paper.run", *argv])
+    command = ["python", "-m", "bench.paper.run", *argv]
+    write_plan(args.out_dir, scale, runs, command)
     start = time.time()
-    failed = run_plan(runs, args.out_dir, scale.name, ["python", "-m", "bench.paper.run", *argv])
+    failed = run_plan(runs, args.out_dir, scale.name, command)
     print(
         f"bench.paper.run: {time.time() - start:.0f} s; "
         f"{'failed: ' + ', '.join(failed) if failed else 'no run failed'}"

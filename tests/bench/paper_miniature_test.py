@@ -83,14 +83,19 @@ def _data(root: pathlib.Path) -> pathlib.Path:
     wnut = root / "tasks" / "wnut16"
     wnut.mkdir()
     for name in ("train.txt", "dev.txt"):
-        lines = []
+        lines, previous = [], "O"
         for line in (TESTDATA / "ner" / name).read_text().splitlines():
             if line.startswith("-DOCSTART-") or not line.strip():
                 lines.append("")
+                previous = "O"
                 continue
             word, *_, tag = line.split()
-            if tag != "O":  # CoNLL-2003's IOB1 -> WNUT-16's BIO, its types
-                tag = f"{tag[0]}-{WNUT_TYPES[tag[2:]]}"
+            if tag != "O":  # CoNLL-2003's IOB1 -> WNUT-16's BIO: an entity starts with B-
+                kind = tag[2:]
+                bio = "I" if tag[0] == "I" and previous[2:] == kind else "B"
+                tag, previous = f"{bio}-{WNUT_TYPES[kind]}", tag
+            else:
+                previous = "O"
             lines.append(f"{word}\t{tag}")
         (wnut / name).write_text("\n".join(lines).strip() + "\n")
     return root
