@@ -9,10 +9,12 @@
 Every row is one ``python -m bertjax.compile --json`` subprocess (the real TPU compiler, on this
 machine: nothing runs on a TPU), so a row's figures are exactly what a user sees. Results are
 appended to ``--results`` (JSON lines, with the command) and printed as a markdown table:
-fits, memory per chip, compiler FLOPs and HBM bytes per chip, arithmetic intensity, the roofline
-bound max(FLOPs / peak, bytes / bandwidth) (an estimate from the compiler's counts, not a timing)
-and the compile time. ``--reuse`` skips rows already in the results file; ``--table`` compiles
-nothing and tabulates the rows of the presets that the results file holds (naming the missing).
+fits, memory per chip, FLOPs and HBM bytes per chip and step (micro-batches x the compiler's
+counts, which cover the accumulation loop's body once), arithmetic intensity, the roofline
+bound max(FLOPs / peak, bytes / bandwidth) per step and per real token (an estimate from the
+compiler's counts, not a timing) and the compile time. ``--reuse`` skips rows already in the
+results file; ``--table`` compiles nothing and tabulates the rows of the presets that the
+results file holds (naming the missing).
 """
 
 from __future__ import annotations
@@ -36,17 +38,18 @@ CONFIGS = {  # name -> (config, overrides): the paper's two lengths, global batc
     "large-128": ("configs/two_phase.py:large,1", ()),
 }
 REMAT = ("none", "full", "dots", "dots_no_batch", "dots_attention", "attention")
-# ModernBERT-base's two phases (configs/modernbert_base.py). Phase 2 at phase 1's tokens per step
-# (576 x 8,192 = 4,608 x 1,024): 288 x 1,024 or 36 x 8,192 tokens per chip of a 16-chip slice,
-# in 4 micro-batches; "dense" puts global attention on every layer (no local window).
+# ModernBERT-base's two phases (configs/modernbert_base.py; their batches count packed rows).
+# Phase 2 at phase 1's tokens per step (576 x 8,192 = 4,608 x 1,024), each in micro-batches of
+# a similar size per chip: 36 x 1,024 (8 of them) and 4 x 8,192 (9); "dense" puts global
+# attention on every layer (no local window).
 MODERNBERT = {
     "modernbert-1024": (
         "configs/modernbert_base.py:base,1",
-        ("--config.train.grad_accum_steps=4",),
+        ("--config.train.grad_accum_steps=8",),
     ),
     "modernbert-8192": (
         "configs/modernbert_base.py:base,2",
-        ("--config.train.global_batch_size=576", "--config.train.grad_accum_steps=4"),
+        ("--config.train.global_batch_size=576", "--config.train.grad_accum_steps=9"),
     ),
 }
 
@@ -104,30 +107,36 @@ def _cell(row: dict) -> list[str]:
     settings = " ".join(o.removeprefix("--config.") for o in row["overrides"]) or "defaults"
     where = [row["config"], settings, row["topology"]]
     if "error" in row:
-        return [*where, "", "", "no", row["error"].split(": ", 2)[-1], *[""] * 6,
+        return [*where, "", "", "no", row["error"].split(": ", 2)[-1], *[""] * 7,
                 f"{row['wall_seconds']:.0f}"]  # fmt: skip
     mesh = "x".join(str(v) for v in row["mesh"].values())
     gib = lambda key: f"{row[key] / GIB:.2f}" if row.get(key) is not None else ""
     hbm, needed = row["hbm_bytes_per_chip"], row["needed_bytes"]
     if row.get("compiler_flops_per_chip") is None:  # did not fit: the compiler's figure only
         needs = f"needs {gib('needed_bytes')} of {gib('hbm_bytes_per_chip')}"
-        return [*where, row["remat_policy"], mesh, "no", needs, *[""] * 6,
+        return [*where, row["remat_policy"], mesh, "no", needs, *[""] * 7,
                 f"{row['wall_seconds']:.0f}"]  # fmt: skip
-    flops, traffic = row["compiler_flops_per_chip"], row["compiler_hbm_bytes_per_chip"]
+    # Per step: rows before the micro-batch counts (micro_batches x the compiler's) were made
+    # only without gradient accumulation, where the two agree.
+    flops = row.get("step_flops_per_chip", row["compiler_flops_per_chip"])
+    traffic = row.get("step_hbm_bytes_per_chip", row["compiler_hbm_bytes_per_chip"])
+    per_token = row.get("bound_seconds_per_real_token")
     return [
         *where, row["remat_policy"], mesh, "yes" if row["fits"] else "no",
         f"{gib('params_bytes')} + {gib('optimizer_state_bytes')} + {gib('temp_bytes')} = "
         f"{gib('needed_bytes')} of {gib('hbm_bytes_per_chip')}",
         f"{100 * (1 - needed / hbm):.0f}%", f"{flops:.3g}", f"{traffic:.3g}",
         f"{row['arithmetic_intensity']:.0f} / {row['ridge_point']:.0f}",
-        f"{1e3 * row['roofline_seconds']:.0f}", f"{row['compile_seconds']['train']:.0f}",
+        f"{1e3 * row['roofline_seconds']:.0f}",
+        f"{1e9 * per_token:.1f}" if per_token else "", f"{row['compile_seconds']['train']:.0f}",
     ]  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
     header = ["config", "overrides", "slice", "remat", "mesh", "fits",
               "GiB/chip: params + Adam + temp = needed of HBM", "headroom", "FLOPs/chip",
-              "HBM bytes/chip", "FLOP/byte / ridge", "bound ms", "compile s"]  # fmt: skip
+              "HBM bytes/chip", "FLOP/byte / ridge", "bound ms", "ns/real token",
+              "compile s"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(r)) + " |" for r in rows]
     return "\n".join(lines)

@@ -136,6 +136,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 1_000_000  # the run stops after this many optimizer updates
     config.train.global_batch_size = 256  # sequences per update, summed over all hosts
+    # What the batch sizes count when data.pack_sequences is on: 'instances' (BERT's 256
+    # sequences; the rows per step follow from the data's instances per row) or 'rows' (packed
+    # rows of max_seq_length slots, ModernBERT's 4,608 x 1,024: tokens per step fixed whatever
+    # the documents' lengths). Unpacked, an instance is a row and the two agree.
+    config.train.batch_unit = "instances"
     # Split each update into this many micro-batches whose gradients are summed (same update as
     # the unaccumulated batch, less activation memory).
     config.train.grad_accum_steps = 1

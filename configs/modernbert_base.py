@@ -7,10 +7,12 @@ The size is ``base`` or ``large`` (ModernBERT's) or an Ettin size (``ettin-17m``
 ``bertjax.model.config.MODERN_SIZES``). Phase 1 follows AnswerDotAI/ModernBERT's
 ``yamls/modernbert/modernbert-base-pretrain.yaml``: the 'modernbert' architecture with both RoPE
 bases at 10,000 and a 128-token window on two layers of three; MLM at 30% (80/10/10, [CLS] and
-[SEP] never masked) without NSP, on packed rows of 1,024 tokens; 4,608 sequences a step;
+[SEP] never masked) without NSP, on packed rows of 1,024 tokens; 4,608 rows a step (its
+packed sequences: ``train.batch_unit='rows'``, so a step holds 4.7M token slots at either
+length, where BERT's configs count instances);
 StableAdamW with fully decoupled weight decay (lr 8e-4, betas 0.9 / 0.98, eps 1e-6, decay 1e-5,
 none on norms or biases); a warmup of 3B tokens (636 steps) and no decay before the run's
-1.719T tokens (364,300 steps); a batch-size warm-up from 768 sequences over the first 50B tokens
+1.719T tokens (364,300 steps); a batch-size warm-up from 768 rows over the first 50B tokens
 (``bertjax.training.batch_schedule``: in 5 sizes, 768 .. 3,840, each compiled once, where the
 yaml steps by its 96-sequence micro-batch; the learning-rate schedule then counts full-batch
 steps, so its warmup still spans 3B tokens). Phase 2 extends the context to 8,192 tokens with
@@ -60,6 +62,9 @@ def get_config(arg: str = "base,1"):
     config.train.nsp_loss_weight = 0.0
     config.data.masked_lm_prob = 0.3
     config.data.pack_sequences = True
+    # 4,608 packed rows of max_seq_length tokens (its SequencePacker's out_batch_size pseqs), and
+    # the warm-up's 768 too: tokens per step are fixed, whatever the documents' lengths.
+    config.train.batch_unit = "rows"
     config.train.global_batch_size = 4608
     if phase == "1":
         config.train.update(batch_warmup_tokens=50_000_000_000, batch_warmup_start=768,

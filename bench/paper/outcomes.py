@@ -8,11 +8,16 @@ Each reader takes what bertjax itself wrote, nothing recomputed:
 - a sweep: ``sweep_results.json`` (``bertjax.finetune.sweep``: one row per learning rate and
   seed, each with its dev metrics), kept whole, the report computes means and spreads from it;
 - the feature-based runs: ``feature_based_results.json``, kept whole;
-- a vocab: its number of entries.
+- a vocab: its number of entries and its sha256.
+
+:func:`differs` says whether a rerun of a finished run (``bench.paper.run``: its output lost)
+produced what its record holds: the same vocab bytes, the same held-out curve of a pretraining
+(every step's every metric, as printed), the same subset counts, the same snapshot step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -65,5 +70,35 @@ def read(kind: str, workdir: str, log_path: str, vocab_file: str = "") -> dict:
         return {"feature_based": _json(os.path.join(workdir, "feature_based_results.json"))}
     if kind == "vocab":
         with open(vocab_file, encoding="utf-8") as f:
-            return {"entries": sum(1 for line in f if line.strip())}
+            entries = sum(1 for line in f if line.strip())
+        return {"entries": entries, "sha256": sha256(vocab_file)}
     raise OutcomeError(f"no outcome reader for run kind {kind!r}")
+
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+_COMPARED = {  # kind -> the results key a rerun must reproduce
+    "vocab": "sha256",
+    "subset": "examples",
+    "pretrain": "eval_curve",
+    "snapshot": "step",
+}
+
+
+def differs(kind: str, recorded: dict, rerun: dict) -> str:
+    """'' when ``rerun`` reproduces ``recorded`` (both ``read``'s dicts), else one line saying
+    where they first differ."""
+    key = _COMPARED.get(kind)
+    if key is None or key not in recorded:
+        return ""  # nothing recorded to hold it to (an older vocab record: entries only)
+    old, new = recorded[key], rerun.get(key)
+    if old == new:
+        return ""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in sorted(set(old) | set(new), key=lambda k: (not k.isdigit(), k.zfill(12))):
+            if old.get(name) != new.get(name):
+                return f"{key} {name}: recorded {old.get(name)}, now {new.get(name)}"
+    return f"{key}: recorded {old}, now {new}"

@@ -15,6 +15,15 @@ line and the runs that read it are skipped; the others go on, and the exit statu
 Runs that need a config key this checkout lacks (issue #38 item 1: ``model.head_rnn``,
 ``feature_based.layers``) are skipped with one line saying so.
 
+``--record_dir=R`` keeps ``plan.json``, ``results/`` and a copy of the learnt vocab in ``R``
+instead of ``OUT`` (the report reads ``R``): a small folder that can be committed, so that a run
+spread over several machines' lifetimes keeps what it finished while ``OUT`` (workdirs, logs,
+checkpoints) is lost. A finished run whose output a pending run reads but which ``OUT`` no
+longer holds (a vocab, a task subset, a pretraining's final step, a snapshot) is run again,
+and what it produces must equal its record (the vocab's sha256; a pretraining's whole held-out
+curve; a subset's counts; a snapshot's step): a rerun that differs fails in one line, its
+record untouched. The vocab is restored from ``R``'s copy when its sha256 matches.
+
 ``--only=pretrain/bert,finetune/ltr`` runs the runs whose names start with those prefixes and
 every run they read. ``--dry_run`` prints the plan. How long each scale takes, and why, is in
 bench/paper/README.md. Bad flags are one line and exit 2.
@@ -30,14 +39,18 @@ import os
 import pathlib
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 
 from bench.paper import outcomes, plan, scales, steps
 from bertjax import atomic
+from bertjax.training import checkpoint_manifest, workdir
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# What a run's commit covers; the committed records (bench/paper/record/) are not code.
+PROVENANCE_PATHS = ("bertjax", "configs", "bench", ":(exclude)bench/paper/record")
 REQUIRED_DATA = ("corpus/eval.txt.gz", *(f"tasks/{t}" for t in plan.TASKS))
 
 
@@ -105,7 +118,7 @@ def provenance() -> dict:
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": git("rev-parse", "--short", "HEAD")
-        + ("-dirty" if git("status", "--porcelain", "bertjax", "configs", "bench") else ""),
+        + ("-dirty" if git("status", "--porcelain", "--", *PROVENANCE_PATHS) else ""),
         "machine": f"{os.cpu_count()}-core {cpu}, {platform.system()} {platform.release()}",
     }
 
@@ -156,6 +169,55 @@ def _execute(run: plan.Run, out_dir: str, launch=launch) -> tuple[int, dict]:
         return 1, {"log": log_path}
 
 
+def _present(run: plan.Run, out_dir: str, record: dict) -> bool:
+    """Whether ``OUT`` still holds the output of the finished ``run`` that later runs read."""
+    if run.kind == "vocab":
+        path = os.path.join(out_dir, "vocab.txt")
+        sha = record["results"].get("sha256")
+        return os.path.exists(path) and (not sha or outcomes.sha256(path) == sha)
+    if run.kind in ("subset", "snapshot"):  # written whole or not at all (bench.paper.steps)
+        return os.path.isdir(run.workdir)
+    if run.kind == "pretrain":  # its final step, sealed: what fine-tuning and snapshots read
+        final = max(int(step) for step in record["results"]["eval_curve"])
+        checkpoints = os.path.join(run.workdir, workdir.CHECKPOINTS_DIR)
+        return checkpoint_manifest.latest_verified_step(checkpoints, log=lambda _: None) == final
+    return True  # sweeps and gates: later runs read only their records
+
+
+def lost(runs: list[plan.Run], out_dir: str, records: dict[str, dict]) -> set[str]:
+    """The finished runs to run again: those whose output ``OUT`` lacks while a run that is not
+    finished reads it, directly or through other such runs."""
+    by_name = {r.name: r for r in runs}
+    needed: set[str] = set()
+    stack = [r.name for r in runs if r.name not in records]
+    while stack:
+        for dep in by_name[stack.pop()].after:
+            if dep in records and dep in by_name and dep not in needed:
+                if not _present(by_name[dep], out_dir, records[dep]):
+                    needed.add(dep)
+                    stack.append(dep)
+    return needed
+
+
+def _restore_vocab(record: dict, out_dir: str, record_dir: str) -> bool:
+    """Copies the record folder's vocab into ``OUT`` when its sha256 is the recorded one."""
+    kept, sha = os.path.join(record_dir, "vocab.txt"), record["results"].get("sha256")
+    if not sha or not os.path.exists(kept) or outcomes.sha256(kept) != sha:
+        return False
+    os.makedirs(out_dir, exist_ok=True)
+    shutil.copyfile(kept, os.path.join(out_dir, "vocab.txt"))
+    return True
+
+
+def _set_aside(run: plan.Run, out_dir: str) -> str:
+    """Moves a rerun's output that differs from its record out of the runs' way; -> where."""
+    path = os.path.join(out_dir, "vocab.txt") if run.kind == "vocab" else run.workdir
+    aside = f"{path}.differs-{time.strftime('%Y%m%dT%H%M%S')}"
+    if os.path.exists(path):
+        os.rename(path, aside)
+    return aside
+
+
 def run_plan(
     runs: list[plan.Run],
     out_dir: str,
@@ -163,15 +225,30 @@ def run_plan(
     argv: list[str],
     key_present=has_key,
     execute=_execute,
+    record_dir: str = "",
 ) -> list[str]:
-    """Runs what is not done yet; returns the names of the runs that failed."""
+    """Runs what is not done yet, and reruns what a pending run reads but ``OUT`` lost (checked
+    against its record); returns the names of the runs that failed. Records go to
+    ``record_dir`` (default ``out_dir``)."""
+    record_dir = record_dir or out_dir
+    records = {}
+    for r in runs:
+        if os.path.exists(plan.results_path(record_dir, r.name)):
+            with open(plan.results_path(record_dir, r.name), encoding="utf-8") as f:
+                records[r.name] = json.load(f)
+    rerun = lost(runs, out_dir, records)
     failed: list[str] = []
     unavailable: set[str] = set()  # failed or skipped: the runs that read them wait
     for run in runs:
-        result_file = plan.results_path(out_dir, run.name)
-        if os.path.exists(result_file):
+        result_file = plan.results_path(record_dir, run.name)
+        if run.name in records and run.name not in rerun:
             print(f"done     {run.name}", flush=True)
             continue
+        if run.name in rerun and run.kind == "vocab":
+            if _restore_vocab(records[run.name], out_dir, record_dir):
+                kept = os.path.join(record_dir, "vocab.txt")
+                print(f"restored {run.name}: {kept}, its sha256 recorded", flush=True)
+                continue
         waits = [d for d in run.after if d in unavailable]
         if run.needs_key and not key_present(run.needs_key):
             reason = f"needs config key {run.needs_key} (issue #38 item 1, not in this checkout)"
@@ -185,10 +262,25 @@ def run_plan(
             print(f"skipped  {run.name}: {reason}", flush=True)
             unavailable.add(run.name)
             continue
-        print(f"start    {run.name}", flush=True)
+        again = run.name in rerun
+        print(f"{'rerun' if again else 'start':8} {run.name}", flush=True)
         start = time.time()
         status, results = execute(run, out_dir)
         seconds = time.time() - start
+        if status == 0 and again:
+            differs = outcomes.differs(run.kind, records[run.name]["results"], results)
+            if differs:
+                aside = _set_aside(run, out_dir)
+                print(
+                    f"FAILED   {run.name}: rerun differs from its record: {differs} "
+                    f"(its output moved to {aside})",
+                    flush=True,
+                )
+                failed.append(run.name)
+                unavailable.add(run.name)
+            else:
+                print(f"rerun    {run.name}: equal to its record in {seconds:.0f} s", flush=True)
+            continue
         if status != 0:
             print(f"FAILED   {run.name}: exit {status}, see {results.get('log')}", flush=True)
             failed.append(run.name)
@@ -206,6 +298,11 @@ def run_plan(
             "results": results,
         }
         os.makedirs(os.path.dirname(result_file), exist_ok=True)
+        if run.kind == "vocab" and os.path.abspath(record_dir) != os.path.abspath(out_dir):
+            atomic.write_bytes(
+                os.path.join(record_dir, "vocab.txt"),
+                open(os.path.join(out_dir, "vocab.txt"), "rb").read(),
+            )
         atomic.write_text(result_file, json.dumps(record, indent=1, sort_keys=True))
         print(f"finished {run.name} in {seconds:.0f} s", flush=True)
     return failed
@@ -232,6 +329,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--data_dir", default="")
     parser.add_argument("--out_dir", default="")
     parser.add_argument("--scale", default="smoke")
+    parser.add_argument(
+        "--record_dir", default="", help="plan.json and results/ (default: --out_dir)"
+    )
     parser.add_argument("--only", default="")
     parser.add_argument("--dry_run", action="store_true")
     return parser.parse_args(argv)
@@ -255,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run.name}\n    {shlex.join(run.argv) if run.argv else run.kind}")
         return 0
     command = ["python", "-m", "bench.paper.run", *argv]
-    write_plan(args.out_dir, scale, runs, command)
+    record_dir = args.record_dir or args.out_dir
+    write_plan(record_dir, scale, runs, command)
     start = time.time()
-    failed = run_plan(runs, args.out_dir, scale.name, command)
+    failed = run_plan(runs, args.out_dir, scale.name, command, record_dir=record_dir)
     print(
         f"bench.paper.run: {time.time() - start:.0f} s; "
         f"{'failed: ' + ', '.join(failed) if failed else 'no run failed'}"

@@ -280,18 +280,39 @@ def instances_per_row(data_config, seed: int) -> float:
     pipeline's packed rows (exact), or of the first ``COUNTED_RECORDS`` packed records."""
     if not data_config.pack_sequences:
         return 1.0
+    return row_figures(data_config, seed)["instances_per_row"]
+
+
+def row_figures(data_config, seed: int) -> dict[str, float]:
+    """The train rows' ``instances_per_row`` and ``fill`` (real tokens / token slots, 1 - the
+    padding share): of every row the online pipeline makes (exact), or of the first
+    ``COUNTED_RECORDS`` TFRecords. What ``bertjax.compile`` turns a step's slots into real
+    tokens with."""
+    length = int(data_config.max_seq_length)
     if data_config.source == "tfrecord":
         import tensorflow as tf  # noqa: PLC0415
 
         files, pack_size = tfrecords.record_layout(data_config, split="train")
         parse = tfrecords.parser(data_config, pack_size)
         records = tf.data.TFRecordDataset(files).take(COUNTED_RECORDS).batch(1024).map(parse)
-        counts = [b["instance_weights"].sum(axis=1) for b in records.as_numpy_iterator()]
-        return float(np.concatenate(counts).mean())
+        batches = list(records.as_numpy_iterator())
+        tokens = sum(int(b["input_mask"].sum()) for b in batches)
+        rows = sum(len(b["input_mask"]) for b in batches)
+        instances = sum(float(b["instance_weights"].sum()) for b in batches) if pack_size else rows
+        return {
+            "instances_per_row": instances / max(rows, 1),
+            "fill": tokens / max(rows * length, 1),
+        }
     tokenizer = sources.create_tokenizer(data_config)
     table = sources.open_or_build(data_config, tokenizer, "train", seed)
-    packs = pack_table(table, data_config, masking_spec(data_config, tokenizer), seed)
-    return table.num_rows / max(len(packs), 1)
+    tokens = int(table.num_tokens().sum())
+    rows = table.num_rows
+    if data_config.pack_sequences:
+        rows = len(pack_table(table, data_config, masking_spec(data_config, tokenizer), seed))
+    return {
+        "instances_per_row": table.num_rows / max(rows, 1),
+        "fill": tokens / max(rows * length, 1),
+    }
 
 
 def _batch_fn(

@@ -7,8 +7,9 @@ with abstract sharded arguments and runs the real TPU compiler (MaxText's ``trai
 does the same). Topologies are gcloud accelerator types (``v4-32``, ``v5litepod-16``,
 ``v5p-16``, ``v6e-8``) or JAX's names (``v5e:4x4``); chips come from
 ``bertjax.training.accelerators``. The report is ``bertjax.training.compile_report``'s, with the
-model's FLOPs per step (``training.metrics``) and, when a step does not fit, ``needed_bytes``
-and ``failed_step``.
+model's FLOPs per step (``training.metrics``), the real tokens a step holds (:func:`real_tokens`)
+and the roofline bound per real token, and, when a step does not fit, ``needed_bytes`` and
+``failed_step``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,24 @@ def steps_for_slice(config, topology: str):
     return (tpu, steps, *report_lib.abstract_args(steps.trainer, steps.eval_batch))
 
 
+def real_tokens(config, rows: int) -> dict:
+    """A step's ``rows`` x ``data.max_seq_length`` slots and the real tokens in them at the
+    ``fill`` of the rows the config's data gives (``bertjax.data.pipeline.row_figures``; 1 for
+    synthetic full rows)."""
+    length = int(config.data.max_seq_length)
+    fill = 1.0
+    if not config.train.synthetic_data:
+        from bertjax.data import pipeline  # noqa: PLC0415
+
+        fill = pipeline.row_figures(config.data, int(config.seed))["fill"]
+    return {
+        "rows_per_step": rows,
+        "max_seq_length": length,
+        "fill": fill,
+        "real_tokens_per_step": rows * length * fill,
+    }
+
+
 def compile_for(config, topology: str) -> dict:
     """Compiles ``config``'s steps for ``topology``; the report (``compile_report.JSON_KEYS``
     and more)."""
@@ -87,7 +106,12 @@ def compile_for(config, topology: str) -> dict:
     }  # fmt: skip
     if compiled is None:
         return {**report, "needed_bytes": train_oom, "failed_step": "train"}
-    report.update(report_lib.compiled_figures(compiled, tpu.chip))
+    micro_batches = int(config.train.grad_accum_steps)
+    report.update(report_lib.compiled_figures(compiled, tpu.chip, micro_batches))
+    report.update(real_tokens(config, int(batch["input_ids"].shape[0])))
+    report["bound_seconds_per_real_token"] = (
+        report["roofline_seconds"] / report["real_tokens_per_step"]
+    )
     if eval_oom is not None:
         report.update(needed_bytes=eval_oom, failed_step="eval")
     return report

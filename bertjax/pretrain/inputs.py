@@ -28,6 +28,8 @@ from bertjax.training.batch_schedule import BatchSchedule
 
 # ---------------------------------------------------------------- checks before compiling
 
+BATCH_UNITS = ("instances", "rows")  # config.train.batch_unit (configs/base.py)
+
 
 def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool = True):
     """With ``data.pack_sequences`` the batch sizes count **instances**, the paper's batch
@@ -37,7 +39,13 @@ def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool 
     (``bertjax.training.sharding.packed_batch_sizes``). What ``bertjax.main`` runs and
     ``bertjax.compile`` compiles. The learning-rate schedule counts steps, so it is unchanged in
     instances too. Returns ``config`` (unpacked) or a resolved copy; ``announce``: print the
-    rows (``bertjax.compile --json`` prints only its report)."""
+    rows (``bertjax.compile --json`` prints only its report). With ``train.batch_unit='rows'``
+    the sizes already count rows and stay as given, rounded to the batch's multiple."""
+    unit = str(config.train.batch_unit)
+    if unit not in BATCH_UNITS:
+        raise ValueError(
+            f"config.train.batch_unit={unit!r}: expected one of {', '.join(BATCH_UNITS)}"
+        )
     if not config.data.pack_sequences:
         return config
     if config.train.synthetic_data:
@@ -45,6 +53,8 @@ def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool 
     from bertjax.data import pipeline  # noqa: PLC0415
 
     pipeline.check_data_config(config.data)
+    if unit == "rows":  # the sizes are rows already (ModernBERT's): only the rounding applies
+        return sh.packed_batch_sizes(config, mesh, process_count, 1.0, "rows", announce)
     per_row = pipeline.instances_per_row(config.data, int(config.seed))
     return sh.packed_batch_sizes(config, mesh, process_count, per_row, announce=announce)
 

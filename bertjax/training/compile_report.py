@@ -2,12 +2,15 @@
 
 Per chip: params, optimizer state, batch, temporaries and code against the chip's HBM
 (``memory_analysis``: argument + output - aliased + temporaries + code, the compiler's own sum),
-the compiler's FLOPs and HBM bytes (``cost_analysis``), the arithmetic intensity against the
-chip's ridge point, the collectives in the HLO by kind (each channel once; a collective in a loop
-body counts once), and the compile times. The roofline bound ``max(FLOPs / peak, bytes /
-bandwidth)`` is an estimate, never a measured time; with ``scan_layers`` the compiler's counts
-cover one loop body (one layer). What is compiled, and for which slice, is the caller's
-(``bertjax.pretrain.compile_for_slice``); ``bench/`` uses these functions for its peers too.
+the compiler's FLOPs and HBM bytes (``cost_analysis``; it counts a loop's body once, so with
+``train.grad_accum_steps`` = k a step's are k times the micro-batch's: :func:`compiled_figures`),
+the arithmetic intensity against the chip's ridge point, the collectives in the HLO by kind
+(each channel once; a collective in a loop body counts once), and the compile times. The
+roofline bound ``max(FLOPs / peak, bytes / bandwidth)`` per step, and per real token (the
+step's rows x length slots at the fill the config's data gives), is an estimate, never a
+measured time; with ``scan_layers`` the compiler's counts cover one loop body (one layer). What
+is compiled, and for which slice, is the caller's (``bertjax.pretrain.compile_for_slice``);
+``bench/`` uses these functions for its peers too.
 
 ``JSON_KEYS`` are the keys ``--json`` always prints.
 """
@@ -27,7 +30,9 @@ from bertjax.training import sharding as sh
 JSON_KEYS = (
     "topology", "chips", "fits", "hbm_bytes_per_chip", "argument_bytes", "temp_bytes",
     "output_bytes", "model_flops_per_step", "compiler_flops_per_chip",
-    "compiler_hbm_bytes_per_chip", "collectives", "compile_seconds",
+    "compiler_hbm_bytes_per_chip", "micro_batches", "step_flops_per_chip",
+    "step_hbm_bytes_per_chip", "roofline_seconds", "rows_per_step", "max_seq_length", "fill",
+    "real_tokens_per_step", "bound_seconds_per_real_token", "collectives", "compile_seconds",
 )  # fmt: skip
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _SIZE = r"([\d.]+[KMGT]?)"
@@ -117,11 +122,16 @@ def shardings_of(tree):
     return jax.tree.map(lambda a: a.sharding, tree)
 
 
-def compiled_figures(compiled, chip) -> dict:
+def compiled_figures(compiled, chip, micro_batches: int = 1) -> dict:
     """Memory, cost and collectives of a compiled step on ``chip``
-    (``bertjax.training.accelerators``)."""
+    (``bertjax.training.accelerators``). XLA's cost analysis counts a loop's body once, so with
+    ``micro_batches`` > 1 (``train.grad_accum_steps``: a ``lax.scan`` over them) the compiler's
+    figures (``compiler_*``) cover one micro-batch plus the update; the step's (``step_*``,
+    and the roofline bound from them) are ``micro_batches`` times that, which counts the update
+    ``micro_batches`` times: an upper estimate, by the update's share."""
     memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
-    flops, hbm_traffic = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    counted = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    flops, hbm_traffic = (micro_batches * c for c in counted)
     needed = (
         memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
         + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes
@@ -133,8 +143,11 @@ def compiled_figures(compiled, chip) -> dict:
         "temp_bytes": memory.temp_size_in_bytes,
         "code_bytes": memory.generated_code_size_in_bytes,
         "needed_bytes": needed,
-        "compiler_flops_per_chip": flops,
-        "compiler_hbm_bytes_per_chip": hbm_traffic,
+        "compiler_flops_per_chip": counted[0],
+        "compiler_hbm_bytes_per_chip": counted[1],
+        "micro_batches": micro_batches,
+        "step_flops_per_chip": flops,
+        "step_hbm_bytes_per_chip": hbm_traffic,
         "arithmetic_intensity": flops / hbm_traffic if hbm_traffic else float("nan"),
         "ridge_point": chip.ridge_flops_per_byte,
         "roofline_seconds": max(flops / chip.peak_bf16_flops, hbm_traffic / chip.hbm_bytes_per_sec),
@@ -147,8 +160,24 @@ def format_report(report: dict) -> str:
     gib = lambda n: f"{n / (1 << 30):8.2f} GiB"
     hbm, needed = report["hbm_bytes_per_chip"], report["needed_bytes"]
     mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
-    flops, traffic = report["compiler_flops_per_chip"], report["compiler_hbm_bytes_per_chip"]
+    flops, traffic = report["step_flops_per_chip"], report["step_hbm_bytes_per_chip"]
     model = report["model_flops_per_step"]
+    micro = report["micro_batches"]
+    counted = (
+        f"compiler per chip: {flops:.3e} FLOPs, {traffic:.3e} HBM bytes"
+        if micro == 1
+        else f"per chip and step: {flops:.3e} FLOPs, {traffic:.3e} HBM bytes ({micro} x the "
+        f"compiler's {report['compiler_flops_per_chip']:.3e} and "
+        f"{report['compiler_hbm_bytes_per_chip']:.3e}: it counts the micro-batch loop's body once)"
+    )
+    real = report.get("real_tokens_per_step")
+    per_token = (
+        f"; {1e9 * report['roofline_seconds'] / real:.1f} ns per real token ({real:,.0f} a step: "
+        f"{report['rows_per_step']:,} rows x {report['max_seq_length']:,} slots at the data's "
+        f"{100 * report['fill']:.1f}% fill)"
+        if real
+        else ""
+    )
     lines = [
         f"{report['topology']}: {report['chips']} x {report['chip']} on {report['hosts']} "
         f"host(s) (JAX topology {report['jax_topology']}), mesh {mesh}",
@@ -162,11 +191,11 @@ def format_report(report: dict) -> str:
         f"  generated code    {gib(report['code_bytes'])}",
         f"  needed            {gib(needed)} of {gib(hbm).strip()} HBM: fits, "
         f"{(hbm - needed) / (1 << 30):.2f} GiB ({100 * (hbm - needed) / hbm:.1f}%) headroom",
-        f"model FLOPs per step {model:.3e} ({model / report['chips']:.3e} per chip); compiler "
-        f"per chip: {flops:.3e} FLOPs, {traffic:.3e} HBM bytes",
+        f"model FLOPs per step {model:.3e} ({model / report['chips']:.3e} per chip); {counted}",
         f"arithmetic intensity {report['arithmetic_intensity']:.0f} FLOP/byte (the "
         f"{report['chip']} ridge point: {report['ridge_point']:.0f}); roofline bound "
-        f"{1e3 * report['roofline_seconds']:.1f} ms per step (an estimate, not a measurement)",
+        f"{1e3 * report['roofline_seconds']:.1f} ms per step{per_token} (an estimate, not a "
+        "measurement)",
         "collectives: " + ", ".join(f"{k} {v}" for k, v in report["collectives"].items()),
     ]
     if report["scan_layers"]:

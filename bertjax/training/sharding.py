@@ -194,7 +194,8 @@ def packed_batch_sizes(config, mesh: Mesh, process_count: int, instances_per_row
     many on average, ``instances / instances_per_row``, rounded to a multiple of the data
     shards x micro-batches (``train.grad_accum_steps``) and of ``process_count``, at least one
     such multiple. ``announce``: print them (process 0), naming
-    the ``unit`` the sizes count."""
+    the ``unit`` the sizes count; ``unit='rows'`` (``train.batch_unit``, with
+    ``instances_per_row`` 1) only rounds."""
     multiple = batch_multiple(config, mesh, process_count)
     resolved = config.copy_and_resolve_references()
     fields = ["global_batch_size", "eval_batch_size"]
@@ -203,7 +204,13 @@ def packed_batch_sizes(config, mesh: Mesh, process_count: int, instances_per_row
     for field in fields:
         rows = round(int(config.train[field]) / instances_per_row / multiple) * multiple
         resolved.train[field] = max(multiple, rows)
-    if announce and jax.process_index() == 0:
+    if announce and jax.process_index() == 0 and unit == "rows":
+        print(
+            f"packing: train.batch_unit='rows': {resolved.train.global_batch_size} rows per "
+            f"step, {resolved.train.eval_batch_size} per evaluation batch",
+            flush=True,
+        )
+    elif announce and jax.process_index() == 0:
         print(
             f"packing: {instances_per_row:.3f} {unit} per row on average: "
             f"train.global_batch_size={config.train.global_batch_size} {unit} -> "

@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 
 from bench.paper import plan, report, run, scales, tasks
 from bertjax.data import bundled
@@ -151,6 +152,19 @@ def test_a_slice_of_the_plan_runs_end_to_end_and_reports(tmp_path, monkeypatch, 
         assert all(0 <= r["score"] <= 100 for r in rows), (name, rows)
     table7 = results("feature_based/bert/wnut16")["feature_based"]
     assert table7, table7
+    # A new machine keeps only the records: a pretraining whose final step is lost while a run
+    # that reads it is pending runs again (resuming from its kept step 2) and must reproduce its
+    # recorded held-out curve; the finished fine-tune of the same snapshot is not rerun.
+    ltr = next(r for r in runs if r.name == "pretrain/ltr")
+    assert run._present(ltr, str(out), {"results": results("pretrain/ltr")})
+    shutil.rmtree(out / "pretrain" / "ltr" / "checkpoints" / "4")
+    assert not run._present(ltr, str(out), {"results": results("pretrain/ltr")})
+    os.remove(plan.results_path(str(out), "snapshot/ltr@2"))
+    shutil.rmtree(next(r for r in runs if r.name == "snapshot/ltr@2").workdir)
+    assert run.run_plan(runs, str(out), TINY.name, ["pytest"], execute=execute) == []
+    printed = capsys.readouterr().out
+    assert "rerun    pretrain/ltr: equal to its record in " in printed, printed
+    assert "finished snapshot/ltr@2 in " in printed and "done     finetune/ltr@2/qnli" in printed
     # The report: the paper's tables beside the miniature's cells, the runs not made named.
     output = tmp_path / "docs" / "paper_miniature.md"  # a folder the command makes
     reading = tmp_path / "reading.md"

@@ -7,6 +7,7 @@ from fixture results and names the missing runs; bad flags are one line."""
 import json
 import os
 import re
+import shutil
 
 import pytest
 
@@ -151,7 +152,8 @@ def test_resolve_fills_in_the_learnt_vocab_size(tmp_path):
 
 
 def _fake_plan():
-    mk = lambda name, after=(), key="": plan.Run(name, "vocab", ("true",), "/w", after, key)  # noqa: E731
+    # One kind whose output no later run reads (only its record): ordering, not reruns.
+    mk = lambda name, after=(), key="": plan.Run(name, "finetune", ("true",), "/w", after, key)  # noqa: E731
     return [
         mk("vocab/a"),
         mk("pretrain/b", ("vocab/a",)),
@@ -186,6 +188,88 @@ def test_the_runner_skips_finished_runs_resumes_the_rest_and_isolates_failures(t
     os.remove(plan.results_path(out, "finetune/c"))
     run.run_plan(_fake_plan(), out, "smoke", ["x"], lambda k: True, execute)
     assert calls == ["finetune/c"]
+
+
+def test_a_new_machine_reruns_only_what_a_pending_run_reads_and_holds_it_to_its_record(
+    tmp_path, capsys
+):
+    """``--record_dir`` outlives ``OUT``: on a machine with an empty ``OUT``, the vocab comes back
+    from the record folder's copy, a lost output that a pending run reads is made again and
+    compared with its record, and what no pending run reads is left alone."""
+    out, records = tmp_path / "out", tmp_path / "record"
+    mk = lambda name, kind, after=(): plan.Run(name, kind, ("true",), str(out / name), after)  # noqa: E731
+    runs = [
+        mk("vocab/a", "vocab"),
+        mk("subset/b", "subset"),
+        mk("subset/c", "subset"),
+        mk("finetune/d", "finetune", ("vocab/a", "subset/b")),
+        mk("finetune/e", "finetune", ("vocab/a", "subset/c")),
+    ]
+    calls, counts, failing = [], {"subset/b": 3, "subset/c": 5}, {"finetune/d"}
+
+    def execute(r, out_dir):
+        calls.append(r.name)
+        if r.kind == "vocab":
+            out.mkdir(exist_ok=True)
+            (out / "vocab.txt").write_text("[PAD]\nword\n")
+            return 0, {"entries": 2, "sha256": outcomes.sha256(str(out / "vocab.txt"))}
+        if r.kind == "subset":
+            os.makedirs(r.workdir)  # fails if a differing rerun's output were left in place
+            return 0, {"examples": {"train.tsv": counts[r.name]}}
+        return (1, {"log": "L"}) if r.name in failing else (0, {"sweep": {}})
+
+    assert run.run_plan(runs, str(out), "s", ["x"], execute=execute, record_dir=str(records))
+    assert calls == ["vocab/a", "subset/b", "subset/c", "finetune/d", "finetune/e"]
+    assert sorted(os.listdir(records / "results")) == [
+        "finetune__e.json", "subset__b.json", "subset__c.json", "vocab__a.json",
+    ]  # fmt: skip
+    assert (records / "vocab.txt").read_text() == "[PAD]\nword\n"  # kept beside its record
+    shutil.rmtree(out)  # a new machine: only the records are left
+    calls.clear(), failing.clear(), capsys.readouterr()
+    assert run.run_plan(runs, str(out), "s", ["x"], execute=execute, record_dir=str(records)) == []
+    assert calls == ["subset/b", "finetune/d"]  # subset/c: only finetune/e read it, and it is done
+    printed = capsys.readouterr().out
+    assert f"restored vocab/a: {records}/vocab.txt, its sha256 recorded" in printed
+    assert "rerun    subset/b: equal to its record in " in printed
+    assert (out / "vocab.txt").read_text() == "[PAD]\nword\n"
+    # A rerun that does not reproduce its record fails, and what reads it waits.
+    os.remove(plan.results_path(str(records), "finetune/d"))
+    shutil.rmtree(out / "subset/b")
+    (records / "vocab.txt").write_text("[PAD]\nother\n")  # a bad copy is not restored
+    calls.clear(), capsys.readouterr()
+    counts["subset/b"] = 4
+    failed = run.run_plan(runs, str(out), "s", ["x"], execute=execute, record_dir=str(records))
+    assert failed == ["subset/b"] and calls == ["subset/b"]  # the vocab in OUT still matches
+    printed = capsys.readouterr().out
+    assert re.search(
+        r"^FAILED   subset/b: rerun differs from its record: examples train.tsv: recorded 3, "
+        rf"now 4 \(its output moved to {re.escape(str(out))}/subset/b.differs-\d{{8}}T\d{{6}}\)$",
+        printed,
+        re.M,
+    ), printed
+    assert "skipped  finetune/d: waits for subset/b" in printed
+    record = json.loads(open(plan.results_path(str(records), "subset/b")).read())
+    assert record["results"]["examples"] == {"train.tsv": 3}  # the record is left as it was
+    os.remove(out / "vocab.txt")
+    calls.clear()
+    counts["subset/b"] = 3
+    assert run.run_plan(runs, str(out), "s", ["x"], execute=execute, record_dir=str(records)) == []
+    assert calls == ["vocab/a", "subset/b", "finetune/d"]  # the kept copy no longer matched
+
+
+def test_outcomes_differs_names_the_first_difference():
+    curve = {"500": {"mlm_accuracy": 0.1}, "1000": {"mlm_accuracy": 0.2}}
+    assert outcomes.differs("pretrain", {"eval_curve": curve}, {"eval_curve": dict(curve)}) == ""
+    changed = {**curve, "1000": {"mlm_accuracy": 0.25}}
+    assert (
+        outcomes.differs("pretrain", {"eval_curve": curve}, {"eval_curve": changed})
+        == "eval_curve 1000: recorded {'mlm_accuracy': 0.2}, now {'mlm_accuracy': 0.25}"
+    )
+    assert outcomes.differs("vocab", {"sha256": "a"}, {"sha256": "b"}) == (
+        "sha256: recorded a, now b"
+    )
+    assert outcomes.differs("vocab", {"entries": 3}, {"entries": 3, "sha256": "b"}) == ""
+    assert outcomes.differs("finetune", {"sweep": 1}, {"sweep": 2}) == ""  # never rerun
 
 
 def test_subset_samples_over_the_file_and_keeps_headers_sentences_and_order(tmp_path):

@@ -47,7 +47,8 @@ def _command(*args) -> tuple[int, str, str]:
     [
         # FSDP in bf16 with remat, through the command with --json (its flags set the model)
         ((1, 4, 1), {"dtype": "bfloat16", "remat_policy": "dots"}),
-        ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),  # vocab split over tensor
+        # vocab split over tensor; 2 micro-batches (a lax.scan: XLA counts its body once)
+        ((2, 1, 2), {"vocab_size": 7680, "attention_impl": "xla"}),
     ],
 )
 def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
@@ -64,13 +65,26 @@ def test_tiny_config_compiles_for_a_v5e_slice(mesh_shape, model):
     else:
         config = _config(**model).unlock()
         config.mesh.shape = mesh_shape
+        config.train.grad_accum_steps = 2
         report = compile_for_slice.compile_for(config.lock(), "v5litepod-4")
     assert report["fits"] and report["chips"] == 4 and report["chip"] == "v5e"
     assert tuple(report["mesh"].values()) == mesh_shape
     assert 0 < report["needed_bytes"] < report["hbm_bytes_per_chip"]
     # The model's FLOPs are matmuls only; the compiler also counts softmax, LayerNorm, Adam...
     per_chip = report["model_flops_per_step"] / 4
-    assert per_chip < report["compiler_flops_per_chip"] < 2 * per_chip
+    assert per_chip < report["step_flops_per_chip"] < 2 * per_chip
+    micro = report["micro_batches"]
+    assert micro == (2 if mesh_shape == (2, 1, 2) else 1)
+    assert report["step_flops_per_chip"] == micro * report["compiler_flops_per_chip"]
+    # (With 2 micro-batches, a compiler count of the whole step would make that > 2 x per_chip.)
+    # Per real token: the step's rows x L slots at the bundled corpus's fill of unpacked rows.
+    assert report["rows_per_step"] * report["max_seq_length"] == 64 * 64
+    assert 0.5 < report["fill"] < 1 and report["real_tokens_per_step"] == pytest.approx(
+        64 * 64 * report["fill"]
+    )
+    assert report["bound_seconds_per_real_token"] == pytest.approx(
+        report["roofline_seconds"] / report["real_tokens_per_step"]
+    )
     collectives = report["collectives"]
     assert collectives["all-reduce"] + collectives["reduce-scatter"] > 0  # gradients are summed
     if mesh_shape == (1, 4, 1):

@@ -115,3 +115,32 @@ def test_phase_2_extends_the_context_of_phase_1s_workdir(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=r"global_rope_theta 10000.0 -> 160000"):
         workdir_lib.check_resumable(tmp_path / "bert", bert_one.replace(global_rope_theta=160e3),
                                     str(vocab), False)  # fmt: skip
+
+
+def test_modernbert_counts_its_batch_in_packed_rows_and_bert_in_instances(monkeypatch):
+    """ModernBERT's 4,608 are packed rows (its SequencePacker's pseqs), so a step holds 4.7M
+    token slots at 1,024 and at 8,192; BERT's 256 are instances, turned into rows at the data's
+    instances per row. The one resolver (``bertjax.pretrain.inputs.resolve_packed_batch``)."""
+    from bertjax.data import pipeline  # noqa: PLC0415
+    from bertjax.pretrain import inputs  # noqa: PLC0415
+    from bertjax.training import sharding  # noqa: PLC0415
+
+    for phase in ("1", "2"):
+        config = modernbert_base.get_config(f"base,{phase}")
+        assert (config.train.batch_unit, config.train.global_batch_size) == ("rows", 4608)
+    mesh = sharding.create_mesh((8, 1, 1))
+    config = modernbert_tiny.get_config().unlock()
+    config.train.update(global_batch_size=64, eval_batch_size=32)
+    monkeypatch.setattr(pipeline, "instances_per_row", lambda data, seed: 2.0)
+    counted = inputs.resolve_packed_batch(config, mesh, 1, announce=False)
+    assert (counted.train.global_batch_size, counted.train.eval_batch_size) == (32, 16)
+    assert counted.train.batch_warmup_start == 8  # the warm-up's start in the same unit
+    config.train.batch_unit = "rows"
+    monkeypatch.setattr(pipeline, "instances_per_row", lambda data, seed: 1 / 0)  # never read
+    rows = inputs.resolve_packed_batch(config, mesh, 1, announce=False)
+    assert (rows.train.global_batch_size, rows.train.eval_batch_size) == (64, 32)
+    assert rows.train.batch_warmup_start == 16
+    config.train.batch_unit = "tokens"
+    with pytest.raises(ValueError, match=r"^config.train.batch_unit='tokens': expected one of "
+                       r"instances, rows$"):  # fmt: skip
+        inputs.resolve_packed_batch(config, mesh, 1)

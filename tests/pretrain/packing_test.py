@@ -188,9 +188,12 @@ def test_a_packed_step_has_the_unpacked_loss_and_gradients(gather_last_layer):
     for key in ("mlm_loss_sum", "mlm_correct_sum", "nsp_loss_sum", "nsp_correct_sum"):
         np.testing.assert_allclose(sums[key], ref_sums[key], rtol=1e-5, atol=1e-6, err_msg=key)
     flat, ref_flat = jax.tree.leaves_with_path(grads), jax.tree.leaves(ref_grads)
+    # float32 sums in another order: up to 5.5e-5 of a tensor's largest entry on an AMD EPYC
+    # (XLA:CPU's code differs by CPU); letting a row's instances see each other moves them by up to
+    # 65% of it.
     for (path, grad), ref in zip(flat, ref_flat, strict=True):
         scale = max(float(np.abs(ref).max()), 1e-6)
-        np.testing.assert_allclose(grad, ref, rtol=0, atol=2e-5 * scale,
+        np.testing.assert_allclose(grad, ref, rtol=0, atol=1e-4 * scale,
                                    err_msg=jax.tree_util.keystr(path))  # fmt: skip
 
 
