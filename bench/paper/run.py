@@ -24,6 +24,10 @@ and what it produces must equal its record (the vocab's sha256; a pretraining's 
 curve; a subset's counts; a snapshot's step): a rerun that differs fails in one line, its
 record untouched. The vocab is restored from ``R``'s copy when its sha256 matches.
 
+``--jobs=N`` runs up to N runs at once (each is a process, or a quick in-process step), each as
+soon as every run it reads is settled, in the plan's order: on a 2-core machine two small
+models' fine-tunes share the cores better than one does.
+
 ``--only=pretrain/bert,finetune/ltr`` runs the runs whose names start with those prefixes and
 every run they read. ``--dry_run`` prints the plan. How long each scale takes, and why, is in
 bench/paper/README.md. Bad flags are one line and exit 2.
@@ -32,7 +36,9 @@ bench/paper/README.md. Bad flags are one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -66,7 +72,9 @@ def minilm_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "model")
 
 
-def check_flags(data_dir: str, out_dir: str, scale: str) -> scales.Scale:
+def check_flags(data_dir: str, out_dir: str, scale: str, jobs: int = 1) -> scales.Scale:
+    if jobs < 1:
+        raise UsageError(f"--jobs={jobs}: expected 1 or more runs at once")
     if scale not in scales.SCALES:
         raise UsageError(f"--scale={scale}: expected one of {', '.join(scales.SCALES)}")
     if not out_dir:
@@ -129,9 +137,10 @@ def launch(argv: list[str], log) -> int:
     return subprocess.run(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
-def _execute(run: plan.Run, out_dir: str, launch=launch) -> tuple[int, dict]:
+def _execute(run: plan.Run, out_dir: str, launch=launch, record_dir: str = "") -> tuple[int, dict]:
     """(exit status, the run's own results) of one attempt; the log gets its output.
-    ``launch``: how a command runs (:func:`launch`; the suite's test-sized run, in its process)."""
+    ``launch``: how a command runs (:func:`launch`; the suite's test-sized run, in its process);
+    ``record_dir``: where the records a gate reads are (default ``out_dir``)."""
     log_path = os.path.join(out_dir, "logs", run.name.replace("/", "__") + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     vocab_file = os.path.join(out_dir, "vocab.txt")
@@ -146,7 +155,7 @@ def _execute(run: plan.Run, out_dir: str, launch=launch) -> tuple[int, dict]:
     if run.kind == "gate":
         sweeps = {}
         for model, name in zip(run.get("models"), run.after, strict=True):
-            with open(plan.results_path(out_dir, name), encoding="utf-8") as f:
+            with open(plan.results_path(record_dir or out_dir, name), encoding="utf-8") as f:
                 sweeps[model] = json.load(f)["results"]["sweep"]
         try:
             return 0, steps.gate(run.workdir, sweeps, run.get("margin"))
@@ -226,10 +235,12 @@ def run_plan(
     key_present=has_key,
     execute=_execute,
     record_dir: str = "",
+    jobs: int = 1,
 ) -> list[str]:
     """Runs what is not done yet, and reruns what a pending run reads but ``OUT`` lost (checked
     against its record); returns the names of the runs that failed. Records go to
-    ``record_dir`` (default ``out_dir``)."""
+    ``record_dir`` (default ``out_dir``). ``jobs``: runs at once, each started when every run
+    it reads is settled, in the plan's order (1: one after another, in that order)."""
     record_dir = record_dir or out_dir
     records = {}
     for r in runs:
@@ -237,18 +248,21 @@ def run_plan(
             with open(plan.results_path(record_dir, r.name), encoding="utf-8") as f:
                 records[r.name] = json.load(f)
     rerun = lost(runs, out_dir, records)
+    names = {r.name for r in runs}
     failed: list[str] = []
     unavailable: set[str] = set()  # failed or skipped: the runs that read them wait
-    for run in runs:
-        result_file = plan.results_path(record_dir, run.name)
+    settled: set[str] = set()  # done, finished, failed or skipped
+
+    def settle_at_once(run: plan.Run) -> bool:
+        """Settles ``run`` if it needs no execution (done, restored or skipped)."""
         if run.name in records and run.name not in rerun:
             print(f"done     {run.name}", flush=True)
-            continue
+            return True
         if run.name in rerun and run.kind == "vocab":
             if _restore_vocab(records[run.name], out_dir, record_dir):
                 kept = os.path.join(record_dir, "vocab.txt")
                 print(f"restored {run.name}: {kept}, its sha256 recorded", flush=True)
-                continue
+                return True
         waits = [d for d in run.after if d in unavailable]
         if run.needs_key and not key_present(run.needs_key):
             reason = f"needs config key {run.needs_key} (issue #38 item 1, not in this checkout)"
@@ -257,17 +271,13 @@ def run_plan(
         elif waits:
             reason = f"waits for {', '.join(waits)}"
         else:
-            reason = ""
-        if reason:
-            print(f"skipped  {run.name}: {reason}", flush=True)
-            unavailable.add(run.name)
-            continue
-        again = run.name in rerun
-        print(f"{'rerun' if again else 'start':8} {run.name}", flush=True)
-        start = time.time()
-        status, results = execute(run, out_dir)
-        seconds = time.time() - start
-        if status == 0 and again:
+            return False
+        print(f"skipped  {run.name}: {reason}", flush=True)
+        unavailable.add(run.name)
+        return True
+
+    def finish(run: plan.Run, status: int, results: dict, seconds: float) -> None:
+        if status == 0 and run.name in rerun:
             differs = outcomes.differs(run.kind, records[run.name]["results"], results)
             if differs:
                 aside = _set_aside(run, out_dir)
@@ -280,12 +290,12 @@ def run_plan(
                 unavailable.add(run.name)
             else:
                 print(f"rerun    {run.name}: equal to its record in {seconds:.0f} s", flush=True)
-            continue
+            return
         if status != 0:
             print(f"FAILED   {run.name}: exit {status}, see {results.get('log')}", flush=True)
             failed.append(run.name)
             unavailable.add(run.name)
-            continue
+            return
         record = {
             "name": run.name,
             "kind": run.kind,
@@ -297,14 +307,57 @@ def run_plan(
             **provenance(),
             "results": results,
         }
+        result_file = plan.results_path(record_dir, run.name)
         os.makedirs(os.path.dirname(result_file), exist_ok=True)
         if run.kind == "vocab" and os.path.abspath(record_dir) != os.path.abspath(out_dir):
-            atomic.write_bytes(
-                os.path.join(record_dir, "vocab.txt"),
-                open(os.path.join(out_dir, "vocab.txt"), "rb").read(),
-            )
+            with open(os.path.join(out_dir, "vocab.txt"), "rb") as f:
+                atomic.write_bytes(os.path.join(record_dir, "vocab.txt"), f.read())
         atomic.write_text(result_file, json.dumps(record, indent=1, sort_keys=True))
+        records[run.name] = record
         print(f"finished {run.name} in {seconds:.0f} s", flush=True)
+
+    queue = list(runs)
+    running: dict = {}  # future -> (run, start time)
+    # One job runs in this thread (the suite's in-process commands set signal handlers, which
+    # only the main thread may); more, in a pool's threads, each waiting on its process.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs) if jobs > 1 else None
+    try:
+        while queue or running:
+            ran = False
+            for run in list(queue):
+                if any(d in names and d not in settled for d in run.after):
+                    continue  # it reads a run that is not settled yet
+                if settle_at_once(run):
+                    queue.remove(run)
+                    settled.add(run.name)
+                    continue
+                if len(running) >= jobs:
+                    break  # the plan's order: no later run takes the free slot first
+                print(f"{'rerun' if run.name in rerun else 'start':8} {run.name}", flush=True)
+                queue.remove(run)
+                if pool is None:
+                    start = time.time()
+                    status, results = execute(run, out_dir)
+                    finish(run, status, results, time.time() - start)
+                    settled.add(run.name)
+                    ran = True
+                    break
+                running[pool.submit(execute, run, out_dir)] = (run, time.time())
+            if ran:
+                continue
+            if not running:
+                if queue:  # cannot happen with a plan in order: every run reads earlier ones
+                    raise ValueError(f"{queue[0].name} reads a run that never settles")
+                break
+            done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+            for future in done:
+                run, start = running.pop(future)
+                status, results = future.result()
+                finish(run, status, results, time.time() - start)
+                settled.add(run.name)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     return failed
 
 
@@ -333,6 +386,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--record_dir", default="", help="plan.json and results/ (default: --out_dir)"
     )
     parser.add_argument("--only", default="")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (each a process)")
     parser.add_argument("--dry_run", action="store_true")
     return parser.parse_args(argv)
 
@@ -341,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
     try:
-        scale = check_flags(args.data_dir, args.out_dir, args.scale)
+        scale = check_flags(args.data_dir, args.out_dir, args.scale, args.jobs)
         minilm = minilm_dir()
         runs = plan.build(
             os.path.abspath(args.data_dir), os.path.abspath(args.out_dir), scale, minilm
@@ -358,7 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     record_dir = args.record_dir or args.out_dir
     write_plan(record_dir, scale, runs, command)
     start = time.time()
-    failed = run_plan(runs, args.out_dir, scale.name, command, record_dir=record_dir)
+    failed = run_plan(
+        runs,
+        args.out_dir,
+        scale.name,
+        command,
+        execute=functools.partial(_execute, record_dir=record_dir),
+        record_dir=record_dir,
+        jobs=args.jobs,
+    )
     print(
         f"bench.paper.run: {time.time() - start:.0f} s; "
         f"{'failed: ' + ', '.join(failed) if failed else 'no run failed'}"

@@ -4,10 +4,13 @@ the runner skips finished runs, resumes the rest, skips the dependents of a fail
 runs; the in-process steps copy what they say; the report computes mean and spread over seeds
 from fixture results and names the missing runs; bad flags are one line."""
 
+import functools
 import json
 import os
 import re
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -257,6 +260,33 @@ def test_a_new_machine_reruns_only_what_a_pending_run_reads_and_holds_it_to_its_
     assert calls == ["vocab/a", "subset/b", "finetune/d"]  # the kept copy no longer matched
 
 
+def test_jobs_run_independent_runs_at_once_and_each_after_what_it_reads(tmp_path):
+    """``--jobs=2``: a run starts once every run it reads has finished, two at a time; with one
+    job the plan's order, one after another."""
+    mk = lambda name, after=(): plan.Run(name, "finetune", ("true",), "/w", after)  # noqa: E731
+    runs = [mk("a"), mk("b", ("a",)), mk("c"), mk("d", ("b", "c")), mk("e", ("missing",))]
+    for jobs in (1, 2):
+        spans, lock = {}, threading.Lock()
+
+        def execute(r, out_dir, spans=spans, lock=lock):
+            start = time.monotonic()
+            time.sleep(0.3)
+            with lock:
+                spans[r.name] = (start, time.monotonic())
+            return 0, {}
+
+        out = str(tmp_path / str(jobs))
+        assert run.run_plan(runs, out, "s", ["x"], execute=execute, jobs=jobs) == []
+        begin = {n: s for n, (s, _) in spans.items()}
+        end = {n: e for n, (_, e) in spans.items()}
+        assert begin["b"] >= end["a"] and begin["d"] >= max(end["b"], end["c"])
+        if jobs == 1:
+            assert sorted(begin, key=begin.get) == ["a", "b", "c", "d", "e"]
+            assert all(begin[y] >= end[x] for x, y in zip("abcd", "bcde", strict=True))
+        else:
+            assert begin["c"] < end["a"]  # side by side with a; e (it reads no run) next
+
+
 def test_outcomes_differs_names_the_first_difference():
     curve = {"500": {"mlm_accuracy": 0.1}, "1000": {"mlm_accuracy": 0.2}}
     assert outcomes.differs("pretrain", {"eval_curve": curve}, {"eval_curve": dict(curve)}) == ""
@@ -345,20 +375,24 @@ def test_the_gate_asks_each_gated_model_to_beat_the_trivial_baseline(tmp_path):
 
 
 def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
-    out = tmp_path / "out"
+    """The gate reads the sweeps' records, in the record folder (``--record_dir``)."""
+    out, records = tmp_path / "out", tmp_path / "record"
     task = out / "tasks" / "qnli"
     task.mkdir(parents=True)
     (task / "dev.tsv").write_text("h\n0\ta\tb\tentailment\n1\ta\tb\tnot_entailment\n")
     for model, score in (("bert", 50.5), ("minilm_continued", 80.0)):
         record = {"results": {"sweep": {"rows": [{"score": score}]}}}
-        path = plan.results_path(str(out), f"finetune/{model}/qnli")
+        path = plan.results_path(str(records), f"finetune/{model}/qnli")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(record, f)
     gate = next(r for r in _plan() if r.name == "gate/qnli")
     gate = plan.Run(gate.name, gate.kind, (), str(task), gate.after, info=gate.info)
     waiting = plan.Run("finetune/no_nsp/qnli", "finetune", ("true",), "/w", ("gate/qnli",))
-    failed = run.run_plan([gate, waiting], str(out), "full", ["x"], execute=run._execute)
+    execute = functools.partial(run._execute, record_dir=str(records))
+    failed = run.run_plan(
+        [gate, waiting], str(out), "full", ["x"], execute=execute, record_dir=str(records)
+    )
     assert failed == ["gate/qnli"]
     printed = capsys.readouterr().out
     assert "bert 50.5 not 2 points above the trivial baseline 50.0" in printed
@@ -486,5 +520,8 @@ def test_bad_flags_are_one_line(tmp_path, capsys):
     assert run.main(["--data_dir", str(tmp_path), "--out_dir", "o", "--scale", "huge"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "bench.paper.run: --scale=huge: expected one of smoke, full"
+    assert run.main(["--data_dir", str(tmp_path), "--out_dir", "o", "--jobs", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "bench.paper.run: --jobs=0: expected 1 or more runs at once"
     assert report.main(["--out_dir", str(tmp_path)]) == 2
     assert "no plan.json" in capsys.readouterr().err
