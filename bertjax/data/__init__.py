@@ -3,6 +3,7 @@
 Modules in the order data flows through them:
 
 * ``bundled``: the default corpus and vocab that ship with the package (``corpus/``).
+* ``special_tokens``: the five a vocab has, by name (no TensorFlow).
 * ``tokenization`` (+ ``unicode_tables``): in-graph WordPiece / SentencePiece on tensorflow-text,
   ids identical to HuggingFace ``BertTokenizerFast``.
 * ``vocab``: building a WordPiece vocab or a SentencePiece model from a corpus.

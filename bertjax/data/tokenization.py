@@ -46,8 +46,8 @@ import tensorflow_text as tf_text
 from tensorflow_text.python.ops.regex_split_ops import gen_regex_split_ops
 
 from bertjax.data import unicode_tables
+from bertjax.data.special_tokens import SPECIAL_TOKENS
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_CHARS_PER_WORD = 100  # the original `max_input_chars_per_word`
 _MAX_BYTES_PER_WORD = 4 * MAX_CHARS_PER_WORD  # UTF-8 bound; the char limit is applied separately
 _SPECIAL_RE = r"\[(?:PAD|UNK|CLS|SEP|MASK)\]"

@@ -52,6 +52,7 @@ from etils import epath
 from safetensors import SafetensorError
 
 from bertjax import atomic
+from bertjax.data.special_tokens import SPECIAL_TOKENS
 from bertjax.interop import mapping, modernbert
 from bertjax.interop.converted import (
     Converted,
@@ -63,8 +64,6 @@ from bertjax.interop.converted import (
     token_ids,
 )
 from bertjax.training import checkpoint
-
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # bertjax.data.tokenization's
 
 # HF class -> (the fine-tuning head it is, or None; bertjax's heads besides the encoder).
 ARCHITECTURES = {
