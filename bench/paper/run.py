@@ -410,6 +410,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = ["python", "-m", "bench.paper.run", *argv]
     record_dir = args.record_dir or args.out_dir
+    for flag, path in (("--out_dir", args.out_dir), ("--record_dir", record_dir)):
+        try:
+            os.makedirs(path, exist_ok=True)
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as e:
+            print(f"bench.paper.run: {flag}={path}: {e.strerror or e}", file=sys.stderr)
+            return 2
     write_plan(record_dir, scale, runs, command)
     start = time.time()
     failed = run_plan(

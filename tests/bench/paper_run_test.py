@@ -523,5 +523,14 @@ def test_bad_flags_are_one_line(tmp_path, capsys):
     assert run.main(["--data_dir", str(tmp_path), "--out_dir", "o", "--jobs", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "bench.paper.run: --jobs=0: expected 1 or more runs at once"
+    data = tmp_path / "data"  # a complete data folder, and a record folder under a file
+    for name in (*run.REQUIRED_DATA, *(f"corpus/{f}" for f in scales.SCALES["smoke"].corpus_files)):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).touch()
+    (tmp_path / "file").write_text("")
+    flags = ["--data_dir", str(data), "--out_dir", str(tmp_path / "o")]
+    assert run.main([*flags, "--record_dir", str(tmp_path / "file" / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"bench.paper.run: --record_dir={tmp_path}/file/r: Not a directory", err
     assert report.main(["--out_dir", str(tmp_path)]) == 2
     assert "no plan.json" in capsys.readouterr().err
