@@ -198,3 +198,13 @@ def test_cli_on_packed_tfrecords_reports_instances_per_row(tmp_path, capsys):
     assert f"examples            {instances}\n" in printed
     bound = -(-tokens // 128)
     assert f"rows vs bound       {100 * bound / len(parsed):.1f}% efficient" in printed
+    # What bertjax.compile turns a step's slots into real tokens with: the same two figures.
+    from bertjax.data import pipeline  # noqa: PLC0415
+
+    data = base.get_config().data
+    data.update(source="tfrecord", input_files=[str(records)], max_seq_length=128,
+                max_predictions_per_seq=20, pack_sequences=True,
+                max_sequences_per_pack=4)  # fmt: skip
+    figures = pipeline.row_figures(data, seed=0)
+    assert figures["instances_per_row"] == pytest.approx(instances / len(parsed))
+    assert figures["fill"] == pytest.approx(tokens / (128 * len(parsed)))
