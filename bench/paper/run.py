@@ -22,7 +22,10 @@ checkpoints) is lost. A finished run whose output a pending run reads but which 
 longer holds (a vocab, a task subset, a pretraining's final step, a snapshot) is run again,
 and what it produces must equal its record (the vocab's sha256; a pretraining's whole held-out
 curve; a subset's counts; a snapshot's step): a rerun that differs fails in one line, its
-record untouched. The vocab is restored from ``R``'s copy when its sha256 matches.
+record untouched. A pretraining rerun on another machine (the record's ``machine`` differs:
+another CPU sums floats in another order) need only stay within ``bench.paper.outcomes``'
+tolerances, and is added to its record's ``reruns``. The vocab is restored from ``R``'s copy
+when its sha256 matches.
 
 ``--jobs=N`` runs up to N runs at once (each is a process, or a quick in-process step), each as
 soon as every run it reads is settled, in the plan's order: on a 2-core machine two small
@@ -278,7 +281,26 @@ def run_plan(
 
     def finish(run: plan.Run, status: int, results: dict, seconds: float) -> None:
         if status == 0 and run.name in rerun:
-            differs = outcomes.differs(run.kind, records[run.name]["results"], results)
+            recorded = records[run.name]
+            differs = outcomes.differs(run.kind, recorded["results"], results)
+            here = provenance()
+            if differs and here["machine"] != recorded.get("machine"):
+                beyond = outcomes.beyond_tolerance(run.kind, recorded["results"], results)
+                if not beyond:  # another CPU: kept beside the record, and used
+                    rerun_entry = {**here, "results": results, "differs": differs}
+                    recorded.setdefault("reruns", []).append(rerun_entry)
+                    atomic.write_text(
+                        plan.results_path(record_dir, run.name),
+                        json.dumps(recorded, indent=1, sort_keys=True),
+                    )
+                    print(
+                        f"rerun    {run.name}: on {here['machine']}, not the record's "
+                        f"{recorded.get('machine')}: within the tolerances ({differs}); "
+                        "added to its record's reruns",
+                        flush=True,
+                    )
+                    return
+                differs = f"{beyond}, on another machine"
             if differs:
                 aside = _set_aside(run, out_dir)
                 print(

@@ -287,6 +287,63 @@ def test_jobs_run_independent_runs_at_once_and_each_after_what_it_reads(tmp_path
             assert begin["c"] < end["a"]  # side by side with a; e (it reads no run) next
 
 
+def test_a_pretraining_rerun_on_another_cpu_is_held_to_tolerances_and_kept_in_its_record(
+    tmp_path, capsys
+):
+    """Another CPU sums floats in another order: a pretraining rerun there need only stay within
+    ``outcomes``' tolerances of its record (and is added to its ``reruns``); on the record's own
+    machine it must be bit-identical; beyond them it fails."""
+    out, records = tmp_path / "out", tmp_path / "record"
+    pre = plan.Run("pretrain/b", "pretrain", ("true",), str(out / "b"))
+    reader = plan.Run("finetune/c", "finetune", ("true",), str(out / "c"), ("pretrain/b",))
+    curve = {"500": {"mlm_accuracy": 0.1, "mlm_loss": 6.5}}
+    rerun_curve = {"500": {"mlm_accuracy": 0.105, "mlm_loss": 6.55}}
+    path = plan.results_path(str(records), "pretrain/b")
+    os.makedirs(os.path.dirname(path))
+
+    def record(machine):
+        with open(path, "w") as f:
+            json.dump({"machine": machine, "results": {"eval_curve": curve}}, f)
+
+    execute = lambda r, o: (0, {"eval_curve": rerun_curve} if r is pre else {})  # noqa: E731
+    for machine, failed in (("another CPU", []), (run.provenance()["machine"], ["pretrain/b"])):
+        record(machine)
+        assert run.run_plan([pre, reader], str(out), "s", ["x"], execute=execute,
+                            record_dir=str(records)) == failed  # fmt: skip
+        printed = capsys.readouterr().out
+        kept = json.loads(open(path).read())
+        if failed:  # the record's own machine: bit-identical or nothing
+            assert "FAILED   pretrain/b: rerun differs from its record: eval_curve 500" in printed
+            assert "reruns" not in kept
+        else:
+            assert "rerun    pretrain/b: on " in printed and "within the tolerances" in printed
+            assert kept["reruns"][0]["results"]["eval_curve"] == rerun_curve
+            assert kept["reruns"][0]["machine"] == run.provenance()["machine"]
+            assert "finished finetune/c" in printed
+            os.remove(plan.results_path(str(records), "finetune/c"))
+    rerun_curve["500"]["mlm_accuracy"] = 0.13  # 3 points: beyond, even on another CPU
+    record("another CPU")
+    assert run.run_plan([pre, reader], str(out), "s", ["x"], execute=execute,
+                        record_dir=str(records)) == ["pretrain/b"]  # fmt: skip
+    assert (
+        "rerun differs from its record: eval_curve 500 mlm_accuracy: recorded 0.1, now 0.13 "
+        "(limit 0.02), on another machine" in capsys.readouterr().out
+    )
+
+
+def test_tolerances_hold_accuracies_to_2_points_and_the_rest_to_2_percent():
+    old = {"eval_curve": {"500": {"mlm_accuracy": 0.10, "mlm_loss": 6.0}}}
+    near = {"eval_curve": {"500": {"mlm_accuracy": 0.119, "mlm_loss": 6.1}}}
+    assert outcomes.beyond_tolerance("pretrain", old, near) == ""
+    far = {"eval_curve": {"500": {"mlm_accuracy": 0.10, "mlm_loss": 6.2}}}
+    assert outcomes.beyond_tolerance("pretrain", old, far) == (
+        "eval_curve 500 mlm_loss: recorded 6.0, now 6.2 (limit 0.12)"
+    )
+    fewer = {"eval_curve": {}}
+    assert outcomes.beyond_tolerance("pretrain", old, fewer).startswith("eval_curve steps:")
+    assert outcomes.beyond_tolerance("subset", {"examples": 1}, {"examples": 2}) != ""
+
+
 def test_outcomes_differs_names_the_first_difference():
     curve = {"500": {"mlm_accuracy": 0.1}, "1000": {"mlm_accuracy": 0.2}}
     assert outcomes.differs("pretrain", {"eval_curve": curve}, {"eval_curve": dict(curve)}) == ""
