@@ -331,13 +331,20 @@ def test_a_pretraining_rerun_on_another_cpu_is_held_to_tolerances_and_kept_in_it
     )
 
 
-def test_tolerances_hold_accuracies_to_2_points_and_the_rest_to_2_percent():
+def test_tolerances_hold_accuracies_to_2_points_nsp_to_its_noise_and_the_rest_to_2_percent():
     old = {"eval_curve": {"500": {"mlm_accuracy": 0.10, "mlm_loss": 6.0}}}
     near = {"eval_curve": {"500": {"mlm_accuracy": 0.119, "mlm_loss": 6.1}}}
     assert outcomes.beyond_tolerance("pretrain", old, near) == ""
     far = {"eval_curve": {"500": {"mlm_accuracy": 0.10, "mlm_loss": 6.2}}}
     assert outcomes.beyond_tolerance("pretrain", old, far) == (
         "eval_curve 500 mlm_loss: recorded 6.0, now 6.2 (limit 0.12)"
+    )
+    nsp = {"eval_curve": {"500": {"nsp_accuracy": 0.70, "sequences": 256.0}}}
+    moved = {"eval_curve": {"500": {"nsp_accuracy": 0.64, "sequences": 256.0}}}
+    assert outcomes.beyond_tolerance("pretrain", nsp, moved) == ""  # 3 SE: 8.6 points
+    moved["eval_curve"]["500"]["nsp_accuracy"] = 0.60
+    assert outcomes.beyond_tolerance("pretrain", nsp, moved).startswith(
+        "eval_curve 500 nsp_accuracy: recorded 0.7, now 0.6 (limit 0.0859"
     )
     fewer = {"eval_curve": {}}
     assert outcomes.beyond_tolerance("pretrain", old, fewer).startswith("eval_curve steps:")
