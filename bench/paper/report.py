@@ -184,31 +184,34 @@ def table6(records: dict, plan: dict) -> tuple[str, list[dict]]:
     return _table(header, rows) + "\nPaper (L/H/A): " + "; ".join(paper) + ".\n", used
 
 
+TABLE7_MODELS = {"bert": "bert (2 x 128)", "minilm_continued": "ceiling (MiniLM continued)"}
+
+
 def table7(records: dict) -> tuple[str, list[dict]]:
+    """Fine-tuning against the six layer combinations, per model: each feature-based run sits
+    beside the same model's own fine-tuning (``bench.paper.plan``: it reads that record)."""
     used, rows = [], []
-    tuned = records.get("finetune/bert/wnut16")
-    if tuned:
-        used.append(tuned)
-    rows.append(
-        [
-            "fine-tuning (all layers)",
-            _cell(records, "finetune/bert/wnut16"),
-            f"{PAPER_TABLE7['fine-tuning']:.1f}",
-        ]
-    )
-    feature = records.get("feature_based/bert/wnut16")
-    by_name = {}
-    if feature:
-        used.append(feature)
+    combos: dict[str, dict] = {}
+    for model in TABLE7_MODELS:
+        for kind in ("finetune", "feature_based"):
+            if f"{kind}/{model}/wnut16" in records:
+                used.append(records[f"{kind}/{model}/wnut16"])
+        feature = records.get(f"feature_based/{model}/wnut16")
         # bertjax.finetune.feature_based's rows: {"combination", "dev": {"f1", ...}, ...}
-        for row in feature["results"]["feature_based"].get("rows", []):
-            by_name[str(row.get("combination"))] = row
+        rows_of = feature["results"]["feature_based"].get("rows", []) if feature else None
+        combos[model] = None if rows_of is None else {str(r.get("combination")): r for r in rows_of}
+    tuned = [_cell(records, f"finetune/{m}/wnut16") for m in TABLE7_MODELS]
+    rows.append(["fine-tuning (all layers)", *tuned, f"{PAPER_TABLE7['fine-tuning']:.1f}"])
     for combination in list(PAPER_TABLE7)[1:]:
-        row = by_name.get(combination)
-        score = row.get("dev", {}).get("f1") if row else None
-        cell = "missing" if row is None else (f"{score:.1f}" if score is not None else "no dev F1")
-        rows.append([f"feature-based: {combination}", cell, f"{PAPER_TABLE7[combination]:.1f}"])
-    header = ["approach (BERT, WNUT-16 NER)", "dev F1", "paper (CoNLL-2003 dev F1)"]
+        cells = []
+        for model in TABLE7_MODELS:
+            row = (combos[model] or {}).get(combination)
+            score = row.get("dev", {}).get("f1") if row else None
+            cells.append(
+                "missing" if row is None else (f"{score:.1f}" if score is not None else "no dev F1")
+            )
+        rows.append([f"feature-based: {combination}", *cells, f"{PAPER_TABLE7[combination]:.1f}"])
+    header = ["approach (WNUT-16 NER, dev F1)", *TABLE7_MODELS.values(), "paper (CoNLL-2003 dev F1)"]
     return _table(header, rows), used
 
 

@@ -50,9 +50,14 @@ class Scale:
     feature_learning_rate: float  # Table 7's BiLSTM heads on frozen activations
     # Tasks whose train subsets differ from train_examples (SQuAD: ~3 windows a question).
     train_examples_by_task: tuple[tuple[str, int], ...] = ()
+    # Tasks fine-tuned for other than finetune_epochs: about as many updates as the others.
+    finetune_epochs_by_task: tuple[tuple[str, float], ...] = ()
 
     def train_examples_of(self, task: str) -> int:
         return dict(self.train_examples_by_task).get(task, self.train_examples)
+
+    def epochs_of(self, task: str) -> float:
+        return dict(self.finetune_epochs_by_task).get(task, self.finetune_epochs)
 
     def steps_of(self, model: str) -> int:
         """Pretraining steps behind ``model`` (a ``plan`` pretraining name)."""
@@ -124,5 +129,8 @@ SCALES = {
         ceiling_restarts=1,
         feature_learning_rate=1e-3,
         train_examples_by_task=(("squad", 2000),),
+        # WNUT-16's subset is 1,351 tweets, packed ~11 a row: 3 epochs are 124 updates where
+        # QNLI's 4,000 pairs make 375. 9 epochs make ~372 (bench/paper/README.md, "The protocol").
+        finetune_epochs_by_task=(("wnut16", 9.0),),
     ),
 }

@@ -68,7 +68,12 @@ def test_the_plan_holds_every_experiment_in_an_order_that_reads_only_finished_ru
         "bilstm/ltr/qnli": "model.head_rnn",
         "bilstm/ltr/wnut16": "model.head_rnn",
         "feature_based/bert/wnut16": "feature_based.layers",
+        "feature_based/minilm_continued/wnut16": "feature_based.layers",
     }
+    # Table 7 compares each model's features with its own fine-tuning: it reads that, not the gate.
+    for model in ("bert", "minilm_continued"):
+        after = by_name[f"feature_based/{model}/wnut16"].after
+        assert f"finetune/{model}/wnut16" in after and "gate/wnut16" not in after, after
 
 
 def test_the_pretraining_variants_differ_only_where_the_paper_varies_them():
@@ -124,7 +129,14 @@ def test_finetuning_runs_are_the_papers_sweep_from_the_right_checkpoint():
     curve = _overrides(runs[f"finetune/ltr@{step}/qnli"])
     assert curve["init_checkpoint"] == f"/out/snapshots/ltr_at_{step}"
     assert _overrides(runs["bilstm/ltr/qnli"])["model.head_rnn"] == "bilstm"
-    assert _overrides(runs["feature_based/bert/wnut16"])["mode"] == "feature_based"
+    feature = _overrides(runs["feature_based/bert/wnut16"])
+    assert feature["mode"] == "feature_based" and feature["init_checkpoint"] == "/out/pretrain/bert"
+    ceiling = _overrides(runs["feature_based/minilm_continued/wnut16"])
+    assert ceiling["feature_based.rnn_size"] == "384" and feature["feature_based.rnn_size"] == "128"
+    # The token task: about as many updates as the sentence-pair task (bench/paper/README.md).
+    assert _overrides(runs["finetune/bert/wnut16"])["train.num_epochs"] == "9.0"
+    assert feature["train.num_epochs"] == "9.0"
+    assert _overrides(runs["finetune/bert/qnli"])["train.num_epochs"] == str(FULL.finetune_epochs)
 
 
 def test_only_selects_runs_with_everything_they_read():
