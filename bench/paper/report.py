@@ -211,7 +211,11 @@ def table7(records: dict) -> tuple[str, list[dict]]:
                 "missing" if row is None else (f"{score:.1f}" if score is not None else "no dev F1")
             )
         rows.append([f"feature-based: {combination}", *cells, f"{PAPER_TABLE7[combination]:.1f}"])
-    header = ["approach (WNUT-16 NER, dev F1)", *TABLE7_MODELS.values(), "paper (CoNLL-2003 dev F1)"]
+    header = [
+        "approach (WNUT-16 NER, dev F1)",
+        *TABLE7_MODELS.values(),
+        "paper (CoNLL-2003 dev F1)",
+    ]
     return _table(header, rows), used
 
 
