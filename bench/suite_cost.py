@@ -10,7 +10,8 @@ it started and waited for (``resource.getrusage``), setup and teardown included,
 fixture is charged to the first test that builds it. CPU seconds are what to compare on a shared
 machine: wall time grows with the load, CPU time much less (on a 2-core VM, 0.83x of the CPU a
 run beside load average 8 took). Children that outlive their test (a server a fixture keeps) are
-counted only where they are waited for.
+counted only where they are waited for; the commands the suite forks from its zygote
+(``tests/zygote.py``) when they end.
 
 The report sums CPU by file, biggest first, with the share of the suite's CPU, and the suite's
 wall time per worker.
@@ -33,7 +34,10 @@ OUT = "SUITE_COST_OUT"
 def _cpu() -> tuple[float, float]:
     own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                            resource.RUSAGE_CHILDREN))  # fmt: skip
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    # Commands forked from the suite's zygote (tests/zygote.py) are its children, not ours.
+    zygote = sys.modules.get("tests.zygote")
+    forked = zygote.forked_cpu() if zygote is not None else 0.0
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime + forked
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -31,6 +31,7 @@ import pytest
 from bertjax.data import bundled
 from bertjax.training import checkpoint
 from bertjax.training import workdir as workdir_lib
+from tests import zygote
 from tests.commands.main_test import NUM_STEPS, REPO, _command, _flatten, _run, env, reference
 from tests.commands.tiny_run import call
 
@@ -40,7 +41,7 @@ __all__ = ["env", "reference"]  # main_test's fixtures, instantiated for this mo
 
 def _start(env, workdir, *extra, stdout=subprocess.PIPE):
     _, corpus, environ = env
-    return subprocess.Popen(
+    return zygote.popen(
         _command(corpus, workdir, *extra),
         env=environ,
         cwd=REPO,

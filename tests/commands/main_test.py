@@ -31,7 +31,7 @@ import pytest
 from bertjax.data import bundled
 from bertjax.training import lease, lease_stores
 from bertjax.training import workdir as workdir_lib
-from tests import cpu_xla
+from tests import cpu_xla, zygote
 from tests.commands import tiny_run as tiny_run_lib
 
 pytestmark = pytest.mark.xdist_group("main_test")
@@ -119,7 +119,7 @@ def _killed_between_commit_and_seal(env, workdir, step: int, *extra, while_held=
     marker.unlink(missing_ok=True)
     command = _command(corpus, workdir, *extra)
     command[1:3] = ["-m", "tests.held_seal", str(step), str(marker), "bertjax.main"]
-    proc = subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
+    proc = zygote.popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     held = _wait_for(proc, marker.exists)
     step_dir = workdir / "checkpoints" / str(step)
@@ -160,7 +160,7 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     workdir = env[0] / "interrupted"
     ckpt_dir = workdir / "checkpoints"
     # 1) SIGKILL the moment a checkpoint directory is being written (orbax's temporary name).
-    proc = subprocess.Popen(
+    proc = zygote.popen(
         _command(corpus, workdir),
         env=environ,
         cwd=REPO,
@@ -183,7 +183,7 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     assert f"restored step 2 from {ckpt_dir}" in out, out
     # 4) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
     log = open(env[0] / "sigterm_stderr.txt", "w")  # noqa: SIM115 - read back on failure
-    proc = subprocess.Popen(
+    proc = zygote.popen(
         _command(corpus, workdir, "--config.checkpoint.keep=1"),
         env=environ,
         cwd=REPO,
@@ -233,7 +233,7 @@ def _two_processes(env, workdir, *extra):
         port = s.getsockname()[1]
     flags = (f"--coordinator_address=localhost:{port}", "--num_processes=2")
     return [
-        subprocess.Popen(
+        zygote.popen(
             _command(corpus, workdir, *flags, f"--process_id={i}", *extra),
             env=environ,
             cwd=REPO,

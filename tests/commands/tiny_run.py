@@ -25,7 +25,7 @@ import sys
 import filelock
 
 from bertjax.data import bundled
-from tests import cpu_xla
+from tests import cpu_xla, zygote
 from tests.commands import in_process
 from tests.pretrain.step_test import TINY_MODEL
 
@@ -56,10 +56,13 @@ def command(corpus: pathlib.Path, workdir, *extra) -> list[str]:
             f"--workdir={workdir}", *overrides(corpus), *extra]  # fmt: skip
 
 
-def run(env, workdir, *extra, timeout=300) -> subprocess.CompletedProcess:
+def run(env, workdir, *extra, timeout=300, fresh=False) -> subprocess.CompletedProcess:
+    """The command in a process forked from this process's zygote (``tests/zygote.py``), or,
+    with ``fresh``, started from scratch (its start-up output is the point)."""
     _, corpus, environ = env
-    return subprocess.run(command(corpus, workdir, *extra), env=environ, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    launch = subprocess.run if fresh else zygote.run
+    return launch(command(corpus, workdir, *extra), env=environ, cwd=REPO,
+                  capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
 def call(env, workdir, *extra) -> subprocess.CompletedProcess:
@@ -120,7 +123,7 @@ def shared(session_root: pathlib.Path) -> Shared:
             root.mkdir(exist_ok=True)
             write_env(root)
             env = (root, root / "corpus.txt", environ(root))
-            result = run(env, root / "reference")
+            result = run(env, root / "reference", fresh=True)  # main_test reads its start-up
             if result.returncode != 0:
                 raise AssertionError(f"the reference run failed: {result.stderr[-3000:]}")
             (root / "reference.stdout").write_text(result.stdout)

@@ -27,7 +27,7 @@ from bertjax.finetune.tasks import FinetuneInputError
 from bertjax.training import checkpoint
 from bertjax.training import loop as loop_lib
 from bertjax.training import workdir as workdir_lib
-from tests import cpu_xla
+from tests import cpu_xla, zygote
 from tests.commands import in_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_other_heads_report_what_their_prediction_files_score(
 def _cli(config: str, *flags: str, env=None) -> subprocess.CompletedProcess:
     """``python -m bertjax.finetune --config=configs/CONFIG FLAGS...`` (8 fake CPU devices, or
     ``env``'s)."""
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "bertjax.finetune", f"--config={ROOT}/configs/{config}", *flags],
         capture_output=True,
         text=True,
@@ -400,7 +400,7 @@ def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     run, marker = tmp_path / "run", tmp_path / "seal-20-held"
     argv = [sys.executable, "-m", "tests.held_seal", "20", str(marker), "bertjax.finetune",
             f"--config={config}", f"--workdir={run}"]  # fmt: skip
-    proc = subprocess.Popen(
+    proc = zygote.popen(
         [*argv, *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env=env,
     )  # fmt: skip

@@ -26,6 +26,10 @@ pointing at the TLS front, ``REQUESTS_CA_BUNDLE``). TensorFlow's and tensorstore
 are lowered to 10-100 ms (tests only: ``GCS_RETRY_CONFIG_*``, and ``site/sitecustomize.py`` on
 ``PYTHONPATH`` for orbax's tensorstore contexts; the libraries' defaults hold everywhere else).
 
+The ``python -m`` commands that :meth:`Emulator.run` and :meth:`Emulator.popen` start are forked
+from a zygote inside both namespaces (``tests/zygote.py``: their imports done once), started on
+first use with the clients' environment; other commands are entered with ``nsenter``.
+
 The holder dies with the thread that started it (``PR_SET_PDEATHSIG``, set by ``setpriv``), the
 emulator with the holder (the same, by ctypes); :meth:`stop` kills the holder by pid.
 """
@@ -42,6 +46,9 @@ import signal
 import subprocess
 import sys
 
+from tests import zygote as zygote_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 HOLDER = pathlib.Path(__file__).with_name("holder.py")
 SITE = pathlib.Path(__file__).with_name("site")  # its sitecustomize: tensorstore's retry delays
 HOSTS = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.com")
@@ -136,6 +143,7 @@ class Emulator:
             "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "100000",
         }  # tensorstore's delays, which no variable sets: site/sitecustomize.py (on PYTHONPATH)
         self._log_offset = 0
+        self._zygote: zygote_lib.Zygote | None = None
 
     @classmethod
     def start(cls, directory) -> Emulator:
@@ -168,6 +176,9 @@ class Emulator:
         return cls(directory, holder)
 
     def stop(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         if self.holder.poll() is None:
             os.kill(self.holder.pid, signal.SIGTERM)
             try:
@@ -190,14 +201,26 @@ class Emulator:
         return ["nsenter", f"--target={self.holder.pid}", "--net", "--mount", f"--wd={where}",
                 "--", *map(str, argv)]  # fmt: skip
 
+    def zygote(self) -> zygote_lib.Zygote:
+        """The zygote inside the namespaces (started on first use)."""
+        if self._zygote is None or self._zygote.process.poll() is not None:
+            self._zygote = zygote_lib.Zygote(prefix=tuple(self.command([], REPO)),
+                                             env=self.environ())  # fmt: skip
+        return self._zygote
+
     def run(self, argv, *, env=None, cwd=None, timeout=300, **kwargs):
         """subprocess.run of ``argv`` inside, text output captured, the clients' env added."""
+        if zygote_lib.module_of(argv) is not None:
+            return self.zygote().run(argv, env=self.environ(env), cwd=cwd, timeout=timeout,
+                                     capture_output=True, text=True, **kwargs)  # fmt: skip
         return subprocess.run(
             self.command(argv, cwd), env=self.environ(env), cwd=cwd, timeout=timeout,
             capture_output=True, text=True, **kwargs,
         )  # fmt: skip
 
     def popen(self, argv, *, env=None, cwd=None, **kwargs) -> subprocess.Popen:
+        if zygote_lib.module_of(argv) is not None:
+            return self.zygote().popen(argv, env=self.environ(env), cwd=cwd, text=True, **kwargs)
         return subprocess.Popen(
             self.command(argv, cwd), env=self.environ(env), cwd=cwd, text=True, **kwargs
         )
