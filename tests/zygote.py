@@ -235,11 +235,11 @@ class Child:
     uses: ``pid``, ``stdout``/``stderr`` (pipes when asked), ``poll``, ``wait``,
     ``communicate``, ``send_signal``, ``kill``, ``terminate``, ``returncode``."""
 
-    def __init__(self, args, conn: socket.socket, pid: int, stdout, stderr):
+    def __init__(self, args, conn: socket.socket, pid: int, stdout, stderr, zygote: Zygote):
         self.args, self.pid, self.stdout, self.stderr = args, pid, stdout, stderr
         self.stdin = None
         self.returncode: int | None = None
-        self._conn = conn
+        self._conn, self._zygote = conn, zygote
         self._readers: list[threading.Thread] | None = None
         self._output: dict[str, object] = {}
 
@@ -261,6 +261,7 @@ class Child:
         global _forked_cpu
         with _lock:
             _forked_cpu += message["cpu"]
+            self._zygote.children_cpu += message["cpu"]
         return True
 
     def poll(self) -> int | None:
@@ -323,6 +324,7 @@ class Zygote:
     """A zygote process (``prefix`` + ``python -m tests.zygote SOCKET``) and its children."""
 
     def __init__(self, prefix: tuple[str, ...] = (), env: dict | None = None):
+        self.children_cpu = 0.0  # of its children that ended: counted in forked_cpu() already
         self._dir = tempfile.mkdtemp(prefix="bertjax-zygote-")
         self.path = os.path.join(self._dir, "socket")
         base = dict(os.environ if env is None else env)
@@ -401,7 +403,7 @@ class Zygote:
         if reply is None:
             raise RuntimeError(f"the zygote refused {argv}")
         wrap = lambda fd: None if fd is None else open(fd, "r" if text else "rb")  # noqa: E731
-        return Child(list(argv), conn, reply["pid"], wrap(stdout_read), wrap(stderr_read))
+        return Child(list(argv), conn, reply["pid"], wrap(stdout_read), wrap(stderr_read), self)
 
     def run(self, argv, *, capture_output=False, timeout=None, check=False, **kwargs):
         """``subprocess.run(argv, ...)``, forked from the zygote when ``argv`` runs a module."""
@@ -420,9 +422,15 @@ class Zygote:
         return done
 
     def close(self) -> None:
+        """Stops the zygote. Its ``RUSAGE`` reaches this process's ``RUSAGE_CHILDREN`` now,
+        its ended children's included: those leave :func:`forked_cpu`, which counted them."""
+        global _forked_cpu
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        with _lock:
+            _forked_cpu -= self.children_cpu
+            self.children_cpu = 0.0
         self.process.stdout.close()
         for name in ("socket",):
             try:

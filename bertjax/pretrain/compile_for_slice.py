@@ -31,11 +31,24 @@ _LIBTPU_NOISE = re.compile(
 )
 
 
-def steps_for_slice(config, topology: str):
+def data_figures(config) -> dict | None:
+    """The train rows' ``instances_per_row`` and ``fill`` that ``config``'s data gives
+    (``bertjax.data.pipeline.row_figures``: a packed table is packed to count them), read once
+    per compile; None for synthetic data (full rows, one instance each)."""
+    if config.train.synthetic_data:
+        return None
+    startup.import_tensorflow()  # the data is read with it: quietly, before its modules load
+    from bertjax.data import pipeline  # noqa: PLC0415
+
+    return pipeline.row_figures(config.data, int(config.seed))
+
+
+def steps_for_slice(config, topology: str, figures: dict | None = None):
     """-> (slice, steps, train step args, eval step args): ``config``'s steps (``build_steps``)
     on a mesh over ``topology``'s TPU devices, with abstract sharded arguments to lower them; a
     packed config's batch sizes in rows, as ``bertjax.main`` resolves them
-    (``bertjax.pretrain.inputs.resolve_packed_batch``)."""
+    (``bertjax.pretrain.inputs.resolve_packed_batch``, at ``figures``' instances per row when
+    given: :func:`data_figures`)."""
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no metadata server: not on a TPU VM
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compiling only, never running
     from jax.experimental import topologies  # noqa: PLC0415 - after the environment is set
@@ -50,22 +63,18 @@ def steps_for_slice(config, topology: str):
     ).devices
     mesh = sh.create_mesh(config.mesh.shape, devices)
     # A packed config's batch counts instances: the rows main runs (the data is read for them).
-    config = inputs.resolve_packed_batch(config, mesh, tpu.hosts, announce=False)
+    per_row = figures["instances_per_row"] if figures else None
+    config = inputs.resolve_packed_batch(config, mesh, tpu.hosts, announce=False, per_row=per_row)
     inputs.check_config(config, objective_lib.bert_config_from(config), mesh, tpu.hosts)
     steps = objective_lib.build_steps(config, mesh)
     return (tpu, steps, *report_lib.abstract_args(steps.trainer, steps.eval_batch))
 
 
-def real_tokens(config, rows: int) -> dict:
+def real_tokens(config, rows: int, figures: dict | None) -> dict:
     """A step's ``rows`` x ``data.max_seq_length`` slots and the real tokens in them at the
-    ``fill`` of the rows the config's data gives (``bertjax.data.pipeline.row_figures``; 1 for
-    synthetic full rows)."""
+    ``fill`` of :func:`data_figures` (None for synthetic full rows: a fill of 1)."""
     length = int(config.data.max_seq_length)
-    fill = 1.0
-    if not config.train.synthetic_data:
-        from bertjax.data import pipeline  # noqa: PLC0415
-
-        fill = pipeline.row_figures(config.data, int(config.seed))["fill"]
+    fill = figures["fill"] if figures else 1.0
     return {
         "rows_per_step": rows,
         "max_seq_length": length,
@@ -77,7 +86,9 @@ def real_tokens(config, rows: int) -> dict:
 def compile_for(config, topology: str) -> dict:
     """Compiles ``config``'s steps for ``topology``; the report (``compile_report.JSON_KEYS``
     and more)."""
-    tpu, steps, train_args, eval_args = steps_for_slice(config, topology)
+    # A packed config's rows per step depend on its data: counted once, before its steps.
+    figures = data_figures(config) if config.data.pack_sequences else None
+    tpu, steps, train_args, eval_args = steps_for_slice(config, topology, figures)
     abstract, shardings = steps.trainer.abstract_state, steps.trainer.state_shardings
     bert_config = objective_lib.bert_config_from(config)
     hbm = tpu.chip.hbm_bytes
@@ -108,7 +119,9 @@ def compile_for(config, topology: str) -> dict:
         return {**report, "needed_bytes": train_oom, "failed_step": "train"}
     micro_batches = int(config.train.grad_accum_steps)
     report.update(report_lib.compiled_figures(compiled, tpu.chip, micro_batches))
-    report.update(real_tokens(config, int(batch["input_ids"].shape[0])))
+    if figures is None:  # an unpacked config's fill: its data read only for a step that fits
+        figures = data_figures(config)
+    report.update(real_tokens(config, int(batch["input_ids"].shape[0]), figures))
     report["bound_seconds_per_real_token"] = (
         report["roofline_seconds"] / report["real_tokens_per_step"]
     )

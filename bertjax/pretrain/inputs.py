@@ -31,7 +31,9 @@ from bertjax.training.batch_schedule import BatchSchedule
 BATCH_UNITS = ("instances", "rows")  # config.train.batch_unit (configs/base.py)
 
 
-def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool = True):
+def resolve_packed_batch(
+    config, mesh: Mesh, process_count: int, announce: bool = True, per_row: float | None = None
+):
     """With ``data.pack_sequences`` the batch sizes count **instances**, the paper's batch
     (256 sequences): ``config`` with ``train.global_batch_size`` and ``train.eval_batch_size``
     in rows at the data's mean instances per row (``bertjax.data.pipeline.instances_per_row``:
@@ -39,8 +41,9 @@ def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool 
     (``bertjax.training.sharding.packed_batch_sizes``). What ``bertjax.main`` runs and
     ``bertjax.compile`` compiles. The learning-rate schedule counts steps, so it is unchanged in
     instances too. Returns ``config`` (unpacked) or a resolved copy; ``announce``: print the
-    rows (``bertjax.compile --json`` prints only its report). With ``train.batch_unit='rows'``
-    the sizes already count rows and stay as given, rounded to the batch's multiple."""
+    rows (``bertjax.compile --json`` prints only its report); ``per_row``: the instances per row
+    when the caller has counted them already. With ``train.batch_unit='rows'`` the sizes already
+    count rows and stay as given, rounded to the batch's multiple."""
     unit = str(config.train.batch_unit)
     if unit not in BATCH_UNITS:
         raise ValueError(
@@ -55,7 +58,8 @@ def resolve_packed_batch(config, mesh: Mesh, process_count: int, announce: bool 
     pipeline.check_data_config(config.data)
     if unit == "rows":  # the sizes are rows already (ModernBERT's): only the rounding applies
         return sh.packed_batch_sizes(config, mesh, process_count, 1.0, "rows", announce)
-    per_row = pipeline.instances_per_row(config.data, int(config.seed))
+    if per_row is None:
+        per_row = pipeline.instances_per_row(config.data, int(config.seed))
     return sh.packed_batch_sizes(config, mesh, process_count, per_row, announce=announce)
 
 

@@ -25,7 +25,10 @@ REPO = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(REPO / "configs"))
 import tiny  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("compile_test")  # one libtpu client per worker
+pytestmark = [
+    pytest.mark.xdist_group("compile_test"),  # one libtpu client per worker
+    pytest.mark.usefixtures("tracebacks_in_locations"),  # what users compile with
+]
 
 
 def _config(**model):
@@ -149,7 +152,14 @@ def test_a_packed_config_compiles_the_shapes_main_runs(tmp_path, monkeypatch):
     bert_config = built["steps"].bert_config
     schedule = batch_schedule.BatchSchedule(int(built["config"].train.global_batch_size))
     first = next(loop._train_batches(built["config"], bert_config, schedule, 0, 0))
-    _, _, *compile_args = compile_for_slice.steps_for_slice(config, "v5litepod-8")
+    # compile counts the data's rows once (compile_for_slice.data_figures) and passes them on.
+    figures = compile_for_slice.data_figures(config)
+    from bertjax.data import pipeline
+
+    monkeypatch.setattr(pipeline, "row_figures", lambda *_: pytest.fail("packed a second time"))
+    monkeypatch.setattr(pipeline, "instances_per_row", lambda *_: pytest.fail("packed again"))
+    _, _, *compile_args = compile_for_slice.steps_for_slice(config, "v5litepod-8", figures)
+    assert figures["instances_per_row"] > 1 and 0.5 < figures["fill"] <= 1
 
     def shapes(batch):
         return {name: tuple(value.shape) for name, value in batch.items()}

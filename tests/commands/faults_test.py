@@ -23,6 +23,7 @@ import hashlib
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -131,8 +132,8 @@ def test_2_convert_exports_the_newest_verified_step(env, reference, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(reference[0], workdir)
     (workdir / "checkpoints" / str(NUM_STEPS + 2)).mkdir()  # incomplete: skipped with a notice
-    result = subprocess.run(
-        ["python3", "-m", "bertjax.convert", f"--src={workdir}", f"--dst={tmp_path}/hf",
+    result = zygote.run(
+        [sys.executable, "-m", "bertjax.convert", f"--src={workdir}", f"--dst={tmp_path}/hf",
          "--to=hf"], capture_output=True, text=True, cwd=REPO, env=env[2], timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
