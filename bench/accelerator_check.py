@@ -16,7 +16,8 @@ one after the other, each doing all of that framework's work:
      come from pytest's JUnit XML;
    * ``step_times``, its workloads (``bench/step_workloads.py``; ``bench/step_frameworks.py``
      times them): the peers' fp32 contract, and configs/bert_base.py in bf16 as it ships, with
-     rows of one padded instance or packed rows.
+     rows of one padded instance or packed rows; on request (``--workloads=modern1024-bf16``)
+     configs/modernbert_base.py's phase 1, beside Ettin-150M's published tokens per second.
 
 2. **HF Flax** (``--child=hf-flax``): its ``step_times`` workloads, the harness's
    ``step_flax.py`` called once per workload in one process.

@@ -10,6 +10,8 @@ import json
 import pathlib
 from collections.abc import Callable
 
+from step_workloads import ETTIN_150M_TOKENS_PER_S  # bench/, beside this file
+
 SECTIONS = ("self_check", "device_tests", "step_times")  # in the order they run
 
 
@@ -93,7 +95,7 @@ def _steps(results: dict) -> list[str]:
     head = ("| workload | impl | dtype (params) | attention | batch | step s | instances/s | "
             "real tokens/s | TFLOP/s | MFU | compile s |")  # fmt: skip
     lines = ["", head, "|---" * 11 + "|"]
-    packed = []
+    packed, modern = [], []
     for r in rows(results.get("step_times")):
         if r.get("error"):
             lines.append(f"| {r['workload']} | {r['impl']} | | | {r['batch']} | {r['error']} "
@@ -105,11 +107,17 @@ def _steps(results: dict) -> list[str]:
                      f"{r['batch']} | {r['step_s_median']:.4f} | {r['instances_per_s']:.1f} | "
                      f"{r['tokens_per_s']:.0f} | {r['achieved_flops_per_s'] / 1e12:.2f} | "
                      f"{mfu} | {r['compile_s']:.1f} |")  # fmt: skip
+        if r.get("architecture") == "modernbert":
+            ratio = r["tokens_per_s"] / ETTIN_150M_TOKENS_PER_S
+            modern.append(f"{r['workload']}: {ratio:.2f}x Ettin-150M's published 0.30M real "
+                          "tokens/s per H100")  # fmt: skip
         if r["instances"] != r["rows"] or r["efficiency"] < 1:
             packed.append(f"{r['workload']}: {r['instances'] / r['rows']:.2f} instances per row, "
                           f"{100 * r['efficiency']:.1f}% of the token slots real")  # fmt: skip
     if packed:
         lines += ["", "Rows: " + "; ".join(packed) + "."]
+    if modern:
+        lines += ["", "ModernBERT: " + "; ".join(modern) + "."]
     return lines
 
 

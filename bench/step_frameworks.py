@@ -128,6 +128,7 @@ def bertjax_row(name: str, impl: str, w, peak: float | None) -> dict:
         params = {str(leaf.dtype) for leaf in jax.tree.leaves(trainer.abstract_state.params)}
         flops = batch * metrics.train_flops_per_sequence(config, length, predictions)
         row = {"workload": name, "impl": impl, "batch": batch, "tried": tried, "error": None,
+               "architecture": config.architecture,
                "dtype": config.dtype, "param_dtypes": sorted(params),
                "attention": config.attention_impl,
                "length": length, "predictions": predictions, "harness_flops_per_step": harness,

@@ -7,7 +7,8 @@
   ``common.make_batch``), run by bertjax (``bench/step_bertjax.py``'s model with attention
   'auto' as a run has it: the Pallas kernel on a GPU or TPU, XLA on CPU; ``bertjax-xla``: the
   XLA attention) and by HF Flax (the harness's ``step_flax.py``).
-* ``config``: a shipped config file (``configs/bert_base.py``, ``configs/large.py``) as it ships
+* ``config``: a shipped config file (``configs/bert_base.py``, ``configs/large.py``,
+  ``configs/modernbert_base.py`` with its ``get_config`` argument) as it ships
   (bf16 compute with fp32 params, tanh GELU, attention 'auto', the BERT Adam with clipping and
   warmup, ``pretrain.objective.build_steps``: what ``python -m bertjax.main`` compiles) with only
   the batch changed: rows of synthetic instances (:func:`instance_rows`), one per row padded to
@@ -56,14 +57,19 @@ DEVICE_TESTS_S = 35.1  # pytest's own figure for the 12 native GPU cases (log.tx
 # compile and 13 steps in 95 s). HF Flax: BERT-large's first step took 39.2 s
 # (large512_rest.json 'compile_s') and its process about 90 s: 39 + 20 s of model init; BERT-base
 # is taken at the same 60 s (an upper bound: no figure of its own).
-BUILD_S = {("bertjax", "base"): 56.0, ("bertjax", "large"): 100.0,
+# ModernBERT-base (22 layers, not scanned: local and global layers differ): assumed as
+# BERT-large's 100 s, no device has built it yet.
+BUILD_S = {("bertjax", "base"): 56.0, ("bertjax", "large"): 100.0, ("bertjax", "modern"): 100.0,
            ("hf-flax", "base"): 60.0, ("hf-flax", "large"): 60.0}  # fmt: skip
 # Step seconds at the first batch: the H200 table (fp32, base128 b256: bertjax 0.118, HF Flax
 # 0.126; large512 b64: 0.421 and 0.459, halved for b32). bf16 was never timed: fp32's time for
 # as many tokens is its bound (at 512 attention adds 8% to BERT-base's FLOPs per token).
+# ModernBERT-base at 1,024, 32 packed rows: at Ettin-150M's published 0.30M tokens/s per H100
+# (the same architecture and size), 32,768 token slots take 0.109 s; never timed here.
 STEP_S = {("bertjax", "base128"): 0.118, ("hf-flax", "base128"): 0.126,
           ("bertjax", "large512"): 0.211, ("hf-flax", "large512"): 0.230,
-          ("bertjax", "base512"): 0.13}  # fmt: skip
+          ("bertjax", "base512"): 0.13, ("bertjax", "modern1024"): 0.109}  # fmt: skip
+ETTIN_150M_TOKENS_PER_S = 0.30e6  # per H100, published (Ettin, 2025): the modern figure to beat
 BUDGET_S = 360.0  # issue #37 item 9: the default full run fits 6 minutes of one GPU
 
 
@@ -75,6 +81,7 @@ class Workload:
     default_impls: tuple[str, ...]
     shape: dict  # contract: the harness's workload fields; config: config.model overrides
     config: str = ""  # kind 'config': the file under configs/
+    config_arg: str = ""  # its get_config argument ('base,1': configs/modernbert_base.py)
     length: int = 0  # kind 'config' overrides: L and P (0: the config's)
     predictions: int = 0
     packed: bool = False
@@ -100,6 +107,12 @@ WORKLOADS = {
                                     config="bert_base.py", packed=True, timing="base512"),
     "large512-bf16": Workload("config", (32, 16), ("bertjax",), (), {}, config="large.py",
                               size="large", timing="large512"),
+    # ModernBERT-base's phase 1 as it ships (packed rows of 1,024, the window, StableAdamW), at
+    # a batch of rows; outside the default run (its build alone would pass the 6 minutes):
+    # --workloads=modern1024-bf16.
+    "modern1024-bf16": Workload("config", (32, 16), ("bertjax",), (), {},
+                                config="modernbert_base.py", config_arg="base,1", packed=True,
+                                size="modern", timing="modern1024"),
 }  # fmt: skip
 # --tiny (CPU, a test of the check): the same kinds on a one-layer model, a few steps.
 _TINY_MODEL = dict(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64,
@@ -115,6 +128,11 @@ TINY_WORKLOADS = {
     "tiny32-bf16-packed": Workload("config", (4,), ("bertjax",), ("bertjax",), _TINY_MODEL,
                                    config="bert_base.py", length=32, predictions=4, packed=True,
                                    warmup_steps=1, measure_steps=2),
+    # A global and a local layer (window 16 < L), MLM only at 30%: the modern recipe's kind.
+    "tiny64-modern": Workload("config", (4,), ("bertjax",), ("bertjax",),
+                              {**_TINY_MODEL, "num_layers": 2, "local_attention": 16},
+                              config="modernbert_base.py", config_arg="ettin-17m,1", length=64,
+                              predictions=19, packed=True, warmup_steps=1, measure_steps=2),
 }  # fmt: skip
 # (head_dim, dtype, causal), dropout 0.1. Every paper size has D = 64 (bertjax.model.config
 # SIZES); the first two are the timed workloads' settings (which skip the trainer's own start-up
@@ -210,12 +228,13 @@ def write_harness_workloads(path, peers_file, steps, tiny: bool) -> None:
 # ---- synthetic batches (numpy; the lent machine has no TensorFlow) ----
 
 
-def load_config(name: str):
-    """``configs/<name>``'s ``get_config()``, unlocked for the batch overrides."""
+def load_config(name: str, arg: str = ""):
+    """``configs/<name>``'s ``get_config(arg)`` (no argument when ``arg`` is ''), unlocked for
+    the batch overrides."""
     spec = importlib.util.spec_from_file_location(f"configs_{name[:-3]}", REPO / "configs" / name)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
     config.unlock()
     return config
 
@@ -226,7 +245,7 @@ def config_for(w: Workload, rows: int):
     ``rows`` goes into ``train.global_batch_size``, which ``build_steps`` compiles as rows
     (``python -m bertjax.main`` resolves a packed run's instances into rows before it:
     ``pretrain.inputs.resolve_packed_batch``)."""
-    config = load_config(w.config)
+    config = load_config(w.config, w.config_arg)
     config.model.update(w.shape)
     if w.length:  # K stays the shipped config's (16 at 512): ceil(32 / 32) would be 1
         shipped_k = config.data.max_sequences_per_pack
@@ -234,6 +253,9 @@ def config_for(w: Workload, rows: int):
         config.data.max_sequences_per_pack = shipped_k
     config.data.pack_sequences = w.packed
     config.train.global_batch_size = rows
+    # Every step at this batch, in one micro-batch: no batch-size warm-up (ModernBERT's), whose
+    # smaller batches would each compile.
+    config.train.update(batch_warmup_tokens=0, grad_accum_steps=1)
     return config
 
 

@@ -57,6 +57,12 @@ def test_default_run_estimates_at_most_six_minutes_of_one_gpu():
         assert sum(what in line for line in items) == 1, (what, result.stdout)
     shorter = _check("--estimate_only", "--sections=device_tests", timeout=60).stdout
     assert re.match(r"estimated device time: 57 s", shorter), shorter  # 2 + 20 + 35.1
+    # ModernBERT-base's phase 1, outside the default run: 2 + 20 + build 100 + 13 x 0.109 s.
+    modern = _check(
+        "--estimate_only", "--sections=step_times", "--workloads=modern1024-bf16", timeout=60
+    )
+    assert re.match(r"estimated device time: 123 s", modern.stdout), modern.stdout + modern.stderr
+    assert "modern1024-bf16 bertjax: build + 13 steps" in modern.stdout
 
 
 def test_estimate_constants_are_the_h200_logs_figures():
@@ -154,7 +160,21 @@ def test_tiny_rows_hold_the_shipped_dtypes_packed_rows_and_mfu(tiny):
     results, markdown, _ = tiny
     rows = {(r["workload"], r["impl"]): r for r in results["step_times"]}
     assert sorted(rows) == [("tiny32-bf16", "bertjax"), ("tiny32-bf16-packed", "bertjax"),
-                            ("tiny32-fp32", "bertjax"), ("tiny32-fp32", "hf-flax")]  # fmt: skip
+                            ("tiny32-fp32", "bertjax"), ("tiny32-fp32", "hf-flax"),
+                            ("tiny64-modern", "bertjax")]  # fmt: skip
+    modern = rows.pop(("tiny64-modern", "bertjax"))
+    # ModernBERT's recipe as configs/modernbert_base.py ships it, packed: an untrained model's
+    # MLM loss alone (no NSP), bf16 matmuls, what the device counted is what the host packed.
+    assert modern["error"] is None and modern["architecture"] == "modernbert", modern
+    assert abs(modern["loss_first"] - math.log(1100)) < 0.5, modern
+    assert modern["dtype"] == "bfloat16" and modern["dot_dtypes"].get("bf16", 0) > 20, modern
+    assert modern["instances"] > 4 and modern["tokens"] <= 4 * 64
+    assert (modern["step_instances"], modern["step_tokens"]) == (
+        modern["instances"], modern["tokens"])  # fmt: skip
+    flops = modern["model_flops_per_step"]
+    assert math.isclose(modern["mfu"], flops / modern["step_s_median"] / PEAK, rel_tol=1e-6)
+    assert "| tiny64-modern | bertjax | bfloat16 (" in markdown
+    assert re.search(r"ModernBERT: tiny64-modern: [\d.]+x Ettin-150M's published", markdown)
     spec = importlib.util.spec_from_file_location("shipped", REPO / "configs" / "bert_base.py")
     shipped = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shipped)

@@ -13,7 +13,8 @@ same two shards of each batch and the same two-term sums, so bit-identical to tw
 for a third of their start-up); a lease lost by process 0 stops both with one line. Runs
 that stop with an error before their devices compute, and the attention self-check's two short
 runs (one with a wrong kernel patched in), run in this process (``tiny_run.call``). All runs
-share a persistent compilation cache so only the first one pays for compiling.
+share a persistent compilation cache so only the first one pays for compiling, and all but the
+reference fork from the suite's zygote (``tests/zygote.py``), so none pays for its imports.
 """
 
 import dataclasses

@@ -6,7 +6,9 @@ uninterrupted reference run, made once per test session however many xdist worke
 reference (a workdir, its stdout and stderr) is what their interrupted, damaged or remote runs
 must end bit-identical to. :func:`shared` builds it under a file lock in the directory every
 worker of the session shares; a worker that finds it built reuses it. Tests copy the reference
-workdir before they change anything in it.
+workdir before they change anything in it. The reference runs in a fresh process (main_test
+reads its start-up output); the other runs fork from the suite's zygote (``tests/zygote.py``:
+the same command in a process of its own, its imports done once).
 
 A run refused before its devices compute anything (a bad config, a workdir in use, a vocab or
 model that does not fit, no checkpoint that verifies) is checked in the test's own process with
