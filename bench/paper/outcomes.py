@@ -16,7 +16,8 @@ produced what its record holds: the same vocab bytes, the same held-out curve of
 same machine a rerun is bit-identical. On another CPU, XLA:CPU's float32 sums come in another
 order and a pretraining's curve drifts (``pretrain/bert``, 4,000 steps: held-out MLM accuracy
 12.57% on an AMD EPYC against 12.5% on a Xeon, NSP 74.6% against 75.8% on 256 sequences);
-:func:`beyond_tolerance` is the check there: every accuracy within ``ACCURACY_TOLERANCE``
+:func:`beyond_tolerance` is the check there (:func:`verdict` chooses): every accuracy within
+``ACCURACY_TOLERANCE``
 (absolute; NSP's, one answer per evaluated sequence, within 3 standard errors of a proportion
 when that is wider: about 8 points at 70% on 256 sequences, where one run's own curve moves by
 5 from one evaluation to the next), every other metric within ``RELATIVE_TOLERANCE`` of its
@@ -141,3 +142,20 @@ def beyond_tolerance(kind: str, recorded: dict, rerun: dict) -> str:
             if abs(got - value) > limit:
                 return f"eval_curve {step} {metric}: recorded {value}, now {got} (limit {limit:g})"
     return ""
+
+
+def verdict(kind: str, record: dict, rerun: dict, machine: str) -> tuple[str, str]:
+    """How a rerun on ``machine`` of a finished run compares with its ``record`` (the run's whole
+    record: its ``results`` and the ``machine`` that made them): ``("equal", "")``;
+    ``("tolerated", how it differs)`` on another machine within :func:`beyond_tolerance`; or
+    ``("differs", where)``, where names the first difference (beyond the tolerances, on
+    another machine)."""
+    differ = differs(kind, record["results"], rerun)
+    if not differ:
+        return "equal", ""
+    if machine == record.get("machine"):
+        return "differs", differ
+    beyond = beyond_tolerance(kind, record["results"], rerun)
+    if beyond:
+        return "differs", f"{beyond}, on another machine"
+    return "tolerated", differ

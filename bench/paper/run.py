@@ -281,30 +281,25 @@ def run_plan(
 
     def finish(run: plan.Run, status: int, results: dict, seconds: float) -> None:
         if status == 0 and run.name in rerun:
-            recorded = records[run.name]
-            differs = outcomes.differs(run.kind, recorded["results"], results)
-            here = provenance()
-            if differs and here["machine"] != recorded.get("machine"):
-                beyond = outcomes.beyond_tolerance(run.kind, recorded["results"], results)
-                if not beyond:  # another CPU: kept beside the record, and used
-                    rerun_entry = {**here, "results": results, "differs": differs}
-                    recorded.setdefault("reruns", []).append(rerun_entry)
-                    atomic.write_text(
-                        plan.results_path(record_dir, run.name),
-                        json.dumps(recorded, indent=1, sort_keys=True),
-                    )
-                    print(
-                        f"rerun    {run.name}: on {here['machine']}, not the record's "
-                        f"{recorded.get('machine')}: within the tolerances ({differs}); "
-                        "added to its record's reruns",
-                        flush=True,
-                    )
-                    return
-                differs = f"{beyond}, on another machine"
-            if differs:
+            recorded, here = records[run.name], provenance()
+            verdict, detail = outcomes.verdict(run.kind, recorded, results, here["machine"])
+            if verdict == "tolerated":  # another CPU: kept beside the record, and used
+                entry = {**here, "results": results, "differs": detail}
+                recorded.setdefault("reruns", []).append(entry)
+                atomic.write_text(
+                    plan.results_path(record_dir, run.name),
+                    json.dumps(recorded, indent=1, sort_keys=True),
+                )
+                print(
+                    f"rerun    {run.name}: on {here['machine']}, not the record's "
+                    f"{recorded.get('machine')}: within the tolerances ({detail}); "
+                    "added to its record's reruns",
+                    flush=True,
+                )
+            elif verdict == "differs":
                 aside = _set_aside(run, out_dir)
                 print(
-                    f"FAILED   {run.name}: rerun differs from its record: {differs} "
+                    f"FAILED   {run.name}: rerun differs from its record: {detail} "
                     f"(its output moved to {aside})",
                     flush=True,
                 )

@@ -361,6 +361,16 @@ def test_tolerances_hold_accuracies_to_2_points_nsp_to_its_noise_and_the_rest_to
     fewer = {"eval_curve": {}}
     assert outcomes.beyond_tolerance("pretrain", old, fewer).startswith("eval_curve steps:")
     assert outcomes.beyond_tolerance("subset", {"examples": 1}, {"examples": 2}) != ""
+    # The verdict: bit-identity on the record's machine, the tolerances on another.
+    record = {"machine": "epyc", "results": old}
+    assert outcomes.verdict("pretrain", record, old, "xeon") == ("equal", "")
+    assert outcomes.verdict("pretrain", record, near, "epyc")[0] == "differs"
+    assert outcomes.verdict("pretrain", record, near, "xeon") == (
+        "tolerated", "eval_curve 500: recorded {'mlm_accuracy': 0.1, 'mlm_loss': 6.0}, now "
+        "{'mlm_accuracy': 0.119, 'mlm_loss': 6.1}")  # fmt: skip
+    assert outcomes.verdict("pretrain", record, far, "xeon") == (
+        "differs", "eval_curve 500 mlm_loss: recorded 6.0, now 6.2 (limit 0.12), on another "
+        "machine")  # fmt: skip
 
 
 def test_outcomes_differs_names_the_first_difference():
