@@ -78,6 +78,12 @@ class Run:
         return dict(self.info).get(key, default)
 
 
+def failed_gate_path(out_dir: str, name: str) -> str:
+    """Where a gate that failed keeps its verdict (beside ``results/``, which only finished runs
+    hold: the report shows it, the runner evaluates the gate again at its next start)."""
+    return os.path.join(out_dir, "failed_gates", name.replace("/", "__") + ".json")
+
+
 def results_path(out_dir: str, name: str) -> str:
     """Where a finished run's results JSON lives: its presence means the run is done."""
     return os.path.join(out_dir, "results", name.replace("/", "__").replace("@", "_at_") + ".json")

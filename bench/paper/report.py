@@ -85,6 +85,16 @@ def load(out_dir: str) -> tuple[dict, dict]:
     return plan, records
 
 
+def failed_gates(out_dir: str) -> dict:
+    """{gate name: the verdict record of a gate that failed} (``plan.failed_gate_path``)."""
+    failed = {}
+    for path in sorted(glob.glob(os.path.join(out_dir, "failed_gates", "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        failed[record["name"]] = record
+    return failed
+
+
 def sweep_summary(sweep: dict) -> dict:
     """Per learning rate the dev scores over seeds; the rate with the best mean, its mean and
     sample standard deviation (0 for one seed), its number of seeds, and the best single run."""
@@ -219,19 +229,25 @@ def table7(records: dict) -> tuple[str, list[dict]]:
     return _table(header, rows), used
 
 
-def gates(records: dict, plan: dict) -> tuple[str, list[dict]]:
+def gates(records: dict, plan: dict, failed: dict | None = None) -> tuple[str, list[dict]]:
     """The protocol check per task (``bench.paper.steps.gate``): baseline, the gated models'
-    best runs, passed or not (a gate that failed has no record: its log says why)."""
+    best runs, passed, failed (``failed``: the verdicts of gates that failed, by name:
+    ``plan.failed_gate_path``) or not run yet."""
     rows, used = [], []
     for run in (r for r in plan["runs"] if r["kind"] == "gate"):
         record = records.get(run["name"])
+        verdict = "passed"
         if record is None:
-            rows.append([run["info"]["task"], "-", "not passed (or not run yet)"])
+            record, verdict = (failed or {}).get(run["name"]), "failed"
+        if record is None:
+            rows.append([run["info"]["task"], "-", "not run yet"])
             continue
         used.append(record)
         result = record["results"]
         best = ", ".join(f"{m} {v:.1f}" for m, v in result["best"].items())
-        rows.append([run["info"]["task"], f"{result['baseline']:.1f}", f"passed: {best}"])
+        if verdict == "failed":
+            verdict = f"failed (each must reach {result['baseline'] + result['margin']:.1f})"
+        rows.append([run["info"]["task"], f"{result['baseline']:.1f}", f"{verdict}: {best}"])
     return _table(["task", "trivial baseline", "gated models' best dev score"], rows), used
 
 
@@ -316,7 +332,10 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     if reading:
         parts.append(reading.strip() + "\n")
     for title, (text, used) in (
-        ("The protocol check: is each task learnt at this scale?", gates(records, plan)),
+        (
+            "The protocol check: is each task learnt at this scale?",
+            gates(records, plan, failed_gates(out_dir)),
+        ),
         ("Table 5: pretraining tasks", table5(records)),
         ("Table 6: model size", table6(records, plan)),
         ("Table 7: feature-based NER", table7(records)),

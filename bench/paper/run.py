@@ -160,13 +160,21 @@ def _execute(run: plan.Run, out_dir: str, launch=launch, record_dir: str = "") -
         for model, name in zip(run.get("models"), run.after, strict=True):
             with open(plan.results_path(record_dir or out_dir, name), encoding="utf-8") as f:
                 sweeps[model] = json.load(f)["results"]["sweep"]
+        failed_file = plan.failed_gate_path(record_dir or out_dir, run.name)
         try:
-            return 0, steps.gate(run.workdir, sweeps, run.get("margin"))
+            verdict = steps.gate(run.workdir, sweeps, run.get("margin"))
         except steps.StepError as e:
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"{e}\n")
             print(f"gate     {run.name}: {e}", flush=True)
+            if isinstance(e, steps.GateFailed):
+                os.makedirs(os.path.dirname(failed_file), exist_ok=True)
+                record = {"name": run.name, **provenance(), "results": e.verdict}
+                atomic.write_text(failed_file, json.dumps(record, indent=1, sort_keys=True))
             return 1, {"log": log_path}
+        if os.path.exists(failed_file):  # passed now (its sweeps were run again)
+            os.remove(failed_file)
+        return 0, verdict
     argv = plan.resolve(run.argv, vocab_file)
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {shlex.join(argv)}\n")
@@ -414,10 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         scale = check_flags(args.data_dir, args.out_dir, args.scale, args.jobs)
         minilm = minilm_dir()
-        runs = plan.build(
+        whole = plan.build(
             os.path.abspath(args.data_dir), os.path.abspath(args.out_dir), scale, minilm
         )
-        runs = plan.select(runs, args.only)
+        runs = plan.select(whole, args.only)
     except (UsageError, ValueError) as e:
         print(f"bench.paper.run: {e}", file=sys.stderr)
         return 2
@@ -435,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             print(f"bench.paper.run: {flag}={path}: {e.strerror or e}", file=sys.stderr)
             return 2
-    write_plan(record_dir, scale, runs, command)
+    write_plan(record_dir, scale, whole, command)  # the whole plan, which the report reads
     start = time.time()
     failed = run_plan(
         runs,

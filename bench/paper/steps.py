@@ -40,6 +40,14 @@ class StepError(ValueError):
     """A step's input is missing or unusable; the message is one line naming it."""
 
 
+class GateFailed(StepError):
+    """A gate's verdict against its models: ``verdict`` holds what a passed gate returns."""
+
+    def __init__(self, message: str, verdict: dict):
+        super().__init__(message)
+        self.verdict = verdict
+
+
 def _examples(text: str, conll: bool) -> tuple[str, list[str]]:
     """(header, examples): TSV rows after the header, or CoNLL blank-line-separated blocks."""
     if conll:
@@ -156,9 +164,11 @@ def gate(task_dir: str, sweeps: dict[str, dict], margin: float) -> dict:
     baseline = trivial_baseline(task_dir)
     best = {m: max(float(r["score"]) for r in sweep["rows"]) for m, sweep in sweeps.items()}
     below = [f"{m} {b:.1f}" for m, b in best.items() if b < baseline + margin]
+    verdict = {"baseline": baseline, "margin": margin, "best": best}
     if below:
-        raise StepError(
+        raise GateFailed(
             f"{task_dir}: {', '.join(below)} not {margin:g} points above the trivial baseline "
-            f"{baseline:.1f}: the task is not learnt at this scale"
+            f"{baseline:.1f}: the task is not learnt at this scale",
+            verdict,
         )
-    return {"baseline": baseline, "margin": margin, "best": best}
+    return verdict

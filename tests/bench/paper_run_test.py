@@ -7,6 +7,7 @@ from fixture results and names the missing runs; bad flags are one line."""
 import functools
 import json
 import os
+import pathlib
 import re
 import shutil
 import threading
@@ -484,6 +485,23 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
     assert "bert 50.5 not 2 points above the trivial baseline 50.0" in printed
     assert "skipped  finetune/no_nsp/qnli: waits for gate/qnli" in printed
     assert "not learnt" in (out / "logs" / "gate__qnli.log").read_text()
+    # Its verdict is kept for the report, beside the records; a gate that passes drops it.
+    failed_file = plan.failed_gate_path(str(records), "gate/qnli")
+    kept = json.loads(pathlib.Path(failed_file).read_text())
+    assert kept["results"] == {"baseline": 50.0, "margin": 2.0,
+                               "best": {"bert": 50.5, "minilm_continued": 80.0}}  # fmt: skip
+    table, _ = report.gates({}, {"runs": [{"name": "gate/qnli", "kind": "gate",
+                                           "info": {"task": "qnli"}}]},
+                            report.failed_gates(str(records)))  # fmt: skip
+    assert "| qnli | 50.0 | failed (each must reach 52.0): bert 50.5, minilm_continued 80.0 |" in (
+        table
+    )
+    path = plan.results_path(str(records), "finetune/bert/qnli")
+    pathlib.Path(path).write_text(json.dumps({"results": {"sweep": {"rows": [{"score": 60}]}}}))
+    assert run.run_plan([gate], str(out), "full", ["x"], execute=execute,
+                        record_dir=str(records)) == []  # fmt: skip
+    assert not os.path.exists(failed_file)
+    assert os.path.exists(plan.results_path(str(records), "gate/qnli"))
 
 
 def test_snapshot_copies_one_step_and_the_record(tmp_path):
@@ -620,3 +638,20 @@ def test_bad_flags_are_one_line(tmp_path, capsys):
     assert err == f"bench.paper.run: --record_dir={tmp_path}/file/r: Not a directory", err
     assert report.main(["--out_dir", str(tmp_path)]) == 2
     assert "no plan.json" in capsys.readouterr().err
+
+
+def test_only_runs_a_part_and_the_record_keeps_the_whole_plan(tmp_path, monkeypatch):
+    """The report lists every run of the plan, made or missing, whatever ``--only`` ran."""
+    data = tmp_path / "data"
+    for name in (*run.REQUIRED_DATA, *(f"corpus/{f}" for f in scales.SCALES["smoke"].corpus_files)):
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).touch()
+    ran = []
+    monkeypatch.setattr(run, "run_plan", lambda runs, *_, **__: ran.extend(runs) or [])
+    out = tmp_path / "o"
+    flags = ["--data_dir", str(data), "--out_dir", str(out), "--scale", "smoke"]
+    assert run.main([*flags, "--only=subset/qnli"]) == 0
+    assert [r.name for r in ran] == ["subset/qnli"]
+    written = json.loads((out / "plan.json").read_text())["runs"]
+    whole = plan.build(str(data), str(out), scales.SCALES["smoke"], run.minilm_dir())
+    assert [r["name"] for r in written] == [r.name for r in whole]
