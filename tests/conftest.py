@@ -1,7 +1,10 @@
-"""Test set-up: 8 fake CPU devices for sharding tests, compiled cheaply (``tests/cpu_xla.py``),
-TensorFlow kept off accelerators, one JAX compilation cache for the run, a ``full_optimizations``
-fixture for a test whose property depends on how long a step takes, and a line per reader at the
-end of the session with the inputs its fuzz tests tried (``tests/fuzzing.py``).
+"""Test set-up: 8 fake CPU devices for sharding tests, compiled cheaply (``tests/cpu_xla.py``)
+and lowered without Python tracebacks in MLIR locations, TensorFlow kept off accelerators, one
+JAX compilation cache for the run, a ``full_optimizations`` fixture for a test whose property
+depends on how long a step takes and a ``tracebacks_in_locations`` one for a test that reads
+them, one garbage collection when a worker ends, and a line per reader at the end of the
+session with the inputs its fuzz tests tried (``tests/fuzzing.py``). The commands tests start
+fork from a zygote (``tests/zygote.py``).
 
 This runs before any test module imports JAX, so the flags take effect. Under ``pytest -n N``
 the suite runs with ``--dist loadgroup`` (pyproject.toml): the tests of a module marked
