@@ -322,6 +322,7 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     """The report; ``reading``: Markdown a person wrote after reading the tables (what reproduces
     and what does not, and why), placed under the title as it is."""
     plan, records = load(out_dir)
+    failed = failed_gates(out_dir)
     command = plan["command"]
     parts = [f"# The paper in miniature: scale `{plan['scale']}`\n"]
     if plan["scale"] != "full":
@@ -334,7 +335,7 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     for title, (text, used) in (
         (
             "The protocol check: is each task learnt at this scale?",
-            gates(records, plan, failed_gates(out_dir)),
+            gates(records, plan, failed),
         ),
         ("Table 5: pretraining tasks", table5(records)),
         ("Table 6: model size", table6(records, plan)),
@@ -348,7 +349,9 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     parts.append(_provenance(used, command))
     missing = [r["name"] for r in plan["runs"] if r["name"] not in records]
     parts.append("## Missing runs\n")
-    parts.append("\n".join(f"- `{m}`" for m in missing) + "\n" if missing else "None.\n")
+    lines = [f"- `{m}`" + (" (failed: the protocol check above)" if m in failed else "")
+             for m in missing]  # fmt: skip
+    parts.append("\n".join(lines) + "\n" if missing else "None.\n")
     return "\n".join(parts)
 
 

@@ -496,6 +496,12 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
     assert "| qnli | 50.0 | failed (each must reach 52.0): bert 50.5, minilm_continued 80.0 |" in (
         table
     )
+    plan_json = {"scale": "full", "command": "x", "runs": [{"name": "gate/qnli", "kind": "gate",
+                                                          "info": {"task": "qnli"}}]}  # fmt: skip
+    view = tmp_path / "view"  # the report of a record folder that holds only this verdict
+    shutil.copytree(records / "failed_gates", view / "failed_gates")
+    (view / "plan.json").write_text(json.dumps(plan_json))
+    assert "- `gate/qnli` (failed: the protocol check above)" in report.render(str(view))
     path = plan.results_path(str(records), "finetune/bert/qnli")
     pathlib.Path(path).write_text(json.dumps({"results": {"sweep": {"rows": [{"score": 60}]}}}))
     assert run.run_plan([gate], str(out), "full", ["x"], execute=execute,
