@@ -363,7 +363,7 @@ class Zygote:
         if target is None or unsupported or stdin not in (None, subprocess.DEVNULL):
             return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
                                     stderr=stderr, text=text, **unsupported)  # fmt: skip
-        opened, mine = [], []  # descriptors to send; ends to close here once sent
+        mine = []  # descriptors this process opened for the child: closed here once sent
 
         def descriptor(spec, default_fd):
             if spec is None:
@@ -384,7 +384,6 @@ class Zygote:
             stderr_fd, stderr_read = stdout_fd, None
         else:
             stderr_fd, stderr_read = descriptor(stderr, 2)
-        opened = [stdin_fd, stdout_fd, stderr_fd]
         module, args = target
         request = {
             "module": module,
@@ -395,7 +394,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
-            _send(conn, request, tuple(opened))
+            _send(conn, request, (stdin_fd, stdout_fd, stderr_fd))
             reply, _ = _receive(conn)
         finally:
             for fd in mine:
@@ -432,11 +431,8 @@ class Zygote:
             _forked_cpu -= self.children_cpu
             self.children_cpu = 0.0
         self.process.stdout.close()
-        for name in ("socket",):
-            try:
-                os.unlink(os.path.join(self._dir, name))
-            except FileNotFoundError:
-                pass
+        if os.path.exists(self.path):
+            os.unlink(self.path)
         os.rmdir(self._dir)
 
 
