@@ -4,7 +4,9 @@ docs/paper_miniature.md.
     python -m bench.paper.report --out_dir=OUT [--output=FILE.md]   # default: print
 
 Only what the runs wrote is shown (``bench.paper.run`` writes one results file per finished
-run); a plan run without one is listed under "Missing runs", and its cells say ``missing``.
+run); a plan run without one is listed under "Missing runs", and its cells say ``missing``, or
+``not run: gate/T failed`` for a run that waits, through the runs it reads (``after`` in
+plan.json), for a gate that failed.
 Tables follow the paper's layout, the paper's own numbers (BERT-BASE) beside the miniature's:
 
 - Table 5 (pretraining tasks): dev score per task, mean ± sample standard deviation over the
@@ -118,9 +120,28 @@ def sweep_summary(sweep: dict) -> dict:
     }
 
 
-def _cell(records: dict, name: str) -> str:
+def waiting(plan: dict, failed: dict) -> dict:
+    """{run name: the failed gate it waits for, directly or through the runs it reads}."""
+    after = {r["name"]: r.get("after", []) for r in plan["runs"]}
+    blocked: dict[str, str] = {}
+
+    def gate_of(name: str, seen: frozenset = frozenset()) -> str:
+        if name in failed:
+            return name
+        for dep in after.get(name, []):
+            if dep not in seen and (gate := gate_of(dep, seen | {name})):
+                return gate
+        return ""
+
+    for run in plan["runs"]:
+        if run["name"] not in failed and (gate := gate_of(run["name"])):
+            blocked[run["name"]] = gate
+    return blocked
+
+
+def _cell(records: dict, name: str, blocked: dict | None = None) -> str:
     if name not in records:
-        return "missing"
+        return f"not run: {blocked[name]} failed" if name in (blocked or {}) else "missing"
     s = sweep_summary(records[name]["results"]["sweep"])
     spread = f"{s['mean']:.1f} ± {s['std']:.1f} (n={s['seeds']}, lr {s['learning_rate']:g}"
     return f"{spread}; best {s['best']:.1f})"
@@ -143,14 +164,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
 
 
-def table5(records: dict) -> tuple[str, list[dict]]:
+def table5(records: dict, blocked: dict | None = None) -> tuple[str, list[dict]]:
     rows, used = [], []
     for label, kind, model in TABLE5_ROWS:
         names = [f"{kind}/{model}/{t}" for t in TASK_COLUMNS]
         used += [records[n] for n in names if n in records]
         paper = PAPER_TABLE5.get("bilstm" if kind == "bilstm" else model)
         paper_cells = [f"{p:.1f}" for p in paper] if paper else ["-", "-"]
-        rows.append([label, *[_cell(records, n) for n in names], *paper_cells])
+        rows.append([label, *[_cell(records, n, blocked) for n in names], *paper_cells])
     header = [
         "model",
         "QNLI dev acc",
@@ -167,7 +188,7 @@ def _final_eval(record: dict) -> dict:
     return curve[max(curve, key=int)]
 
 
-def table6(records: dict, plan: dict) -> tuple[str, list[dict]]:
+def table6(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str, list[dict]]:
     rows, used = [], []
     pretrains = [r for r in plan["runs"] if r["kind"] == "pretrain"]
     ladder = [
@@ -186,7 +207,7 @@ def table6(records: dict, plan: dict) -> tuple[str, list[dict]]:
             lm = "missing"
         names = [f"finetune/{info['model']}/{t}" for t in TASK_COLUMNS]
         used += [records[n] for n in names if n in records]
-        rows.append([*map(str, size), lm, *[_cell(records, n) for n in names]])
+        rows.append([*map(str, size), lm, *[_cell(records, n, blocked) for n in names]])
     paper = [
         f"{n}/{h}/{a}: ppl {p:.2f}, MNLI-m {m:.1f}" for (n, h, a), (p, m) in PAPER_TABLE6.items()
     ]
@@ -323,6 +344,7 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     and what does not, and why), placed under the title as it is."""
     plan, records = load(out_dir)
     failed = failed_gates(out_dir)
+    blocked = waiting(plan, failed)
     command = plan["command"]
     parts = [f"# The paper in miniature: scale `{plan['scale']}`\n"]
     if plan["scale"] != "full":
@@ -337,8 +359,8 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
             "The protocol check: is each task learnt at this scale?",
             gates(records, plan, failed),
         ),
-        ("Table 5: pretraining tasks", table5(records)),
-        ("Table 6: model size", table6(records, plan)),
+        ("Table 5: pretraining tasks", table5(records, blocked)),
+        ("Table 6: model size", table6(records, plan, blocked)),
         ("Table 7: feature-based NER", table7(records)),
     ):
         parts += [f"## {title}\n", text, _provenance(used, command)]
@@ -349,8 +371,14 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
     parts.append(_provenance(used, command))
     missing = [r["name"] for r in plan["runs"] if r["name"] not in records]
     parts.append("## Missing runs\n")
-    lines = [f"- `{m}`" + (" (failed: the protocol check above)" if m in failed else "")
-             for m in missing]  # fmt: skip
+    lines = []
+    for name in missing:
+        why = ""
+        if name in failed:
+            why = " (failed: the protocol check above)"
+        elif name in blocked:
+            why = f" (not run: it waits for `{blocked[name]}`, which failed)"
+        lines.append(f"- `{name}`{why}")
     parts.append("\n".join(lines) + "\n" if missing else "None.\n")
     return "\n".join(parts)
 

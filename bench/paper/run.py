@@ -395,7 +395,10 @@ def write_plan(out_dir: str, scale: scales.Scale, runs: list[plan.Run], command:
             {
                 "scale": scale.name,
                 "command": shlex.join(command),
-                "runs": [{"name": r.name, "kind": r.kind, "info": dict(r.info)} for r in runs],
+                "runs": [
+                    {"name": r.name, "kind": r.kind, "info": dict(r.info), "after": list(r.after)}
+                    for r in runs
+                ],
             },
             indent=1,
         ),

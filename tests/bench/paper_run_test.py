@@ -496,12 +496,25 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
     assert "| qnli | 50.0 | failed (each must reach 52.0): bert 50.5, minilm_continued 80.0 |" in (
         table
     )
-    plan_json = {"scale": "full", "command": "x", "runs": [{"name": "gate/qnli", "kind": "gate",
-                                                          "info": {"task": "qnli"}}]}  # fmt: skip
+    plan_json = {"scale": "full", "command": "x", "runs": [
+        {"name": "gate/qnli", "kind": "gate", "info": {"task": "qnli"}},
+        {"name": "snapshot/ltr@500", "kind": "snapshot", "info": {}, "after": []},
+        {"name": "finetune/no_nsp/qnli", "kind": "finetune", "after": ["gate/qnli"],
+         "info": {"model": "no_nsp", "task": "qnli"}},
+        {"name": "finetune/no_nsp/squad", "kind": "finetune", "after": [],
+         "info": {"model": "no_nsp", "task": "squad"}},
+        {"name": "later", "kind": "finetune", "after": ["snapshot/ltr@500", "finetune/no_nsp/qnli"],
+         "info": {"model": "x", "task": "squad"}}]}  # fmt: skip
     view = tmp_path / "view"  # the report of a record folder that holds only this verdict
     shutil.copytree(records / "failed_gates", view / "failed_gates")
     (view / "plan.json").write_text(json.dumps(plan_json))
-    assert "- `gate/qnli` (failed: the protocol check above)" in report.render(str(view))
+    text = report.render(str(view))
+    assert "- `gate/qnli` (failed: the protocol check above)" in text
+    # What waits for the failed gate, directly or through a run it reads, says so; nothing else.
+    assert "- `finetune/no_nsp/qnli` (not run: it waits for `gate/qnli`, which failed)" in text
+    assert "- `later` (not run: it waits for `gate/qnli`, which failed)" in text
+    assert "- `finetune/no_nsp/squad`\n" in text and "- `snapshot/ltr@500`\n" in text
+    assert "| No NSP | not run: gate/qnli failed | missing | missing |" in text
     path = plan.results_path(str(records), "finetune/bert/qnli")
     pathlib.Path(path).write_text(json.dumps({"results": {"sweep": {"rows": [{"score": 60}]}}}))
     assert run.run_plan([gate], str(out), "full", ["x"], execute=execute,
