@@ -188,6 +188,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10_000  # async save of the full train state every N steps
     config.checkpoint.keep = 3  # keep the last K sealed steps (>= 1; bertjax.training.retention)
+    # Also keep every step that is a multiple of N for good, outside `keep` (0: off): the steps a
+    # curve is fine-tuned from survive preemption saves, which count in `keep`.
+    config.checkpoint.keep_every = 0
     config.checkpoint.async_save = True  # write in a background thread while training goes on
     # The workdir's lease (bertjax.training.lease): renewed every lease_renew_seconds; a holder
     # silent for lease_ttl_seconds may be taken over by another run.

@@ -99,6 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 1000
     config.checkpoint.keep = 1
+    config.checkpoint.keep_every = 0  # multiples of it kept for good, outside keep (0: off)
     config.checkpoint.async_save = True
     # The workdir's lease (bertjax.training.lease): renewed every lease_renew_seconds; a holder
     # silent for lease_ttl_seconds may be taken over by another run.

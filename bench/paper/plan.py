@@ -121,7 +121,10 @@ def _pretrain_overrides(scale: scales.Scale, paths: dict, size: scales.Size) -> 
         "optimizer.learning_rate": scale.pretrain_learning_rate,
         "optimizer.warmup_steps": scale.pretrain_warmup,
         "checkpoint.every_steps": scale.eval_every,
-        "checkpoint.keep": scale.pretrain_steps // scale.eval_every + 1,  # every curve step
+        # The newest step, and every evaluated one for good (a curve's snapshots read them): a
+        # preemption save counts in keep, so keep alone lost LTR's steps 500 and 1,000.
+        "checkpoint.keep": 1,
+        "checkpoint.keep_every": scale.eval_every,
         "seed": 0,
     }
 

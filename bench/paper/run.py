@@ -19,9 +19,11 @@ Runs that need a config key this checkout lacks (issue #38 item 1: ``model.head_
 instead of ``OUT`` (the report reads ``R``): a small folder that can be committed, so that a run
 spread over several machines' lifetimes keeps what it finished while ``OUT`` (workdirs, logs,
 checkpoints) is lost. A finished run whose output a pending run reads but which ``OUT`` no
-longer holds (a vocab, a task subset, a pretraining's final step, a snapshot) is run again,
-and what it produces must equal its record (the vocab's sha256; a pretraining's whole held-out
-curve; a subset's counts; a snapshot's step): a rerun that differs fails in one line, its
+longer holds (a vocab, a task subset, a pretraining's final step or a step a pending snapshot
+reads, a snapshot) is run again (a finished pretraining workdir that lacks such a step is moved
+aside first: ``<workdir>.lacks-steps-<time>``), and what it produces must equal its record
+(the vocab's sha256; a pretraining's whole held-out curve; a subset's counts; a snapshot's
+step): a rerun that differs fails in one line, its
 record untouched. A pretraining rerun on another machine (the record's ``machine`` differs:
 another CPU sums floats in another order) need only stay within ``bench.paper.outcomes``'
 tolerances, and is added to its record's ``reruns``. The vocab is restored from ``R``'s copy
@@ -147,14 +149,22 @@ def _execute(run: plan.Run, out_dir: str, launch=launch, record_dir: str = "") -
     log_path = os.path.join(out_dir, "logs", run.name.replace("/", "__") + ".log")
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     vocab_file = os.path.join(out_dir, "vocab.txt")
-    if run.kind == "subset":
-        return 0, {
-            "examples": steps.subset(
-                run.get("source"), run.workdir, run.get("train_examples"), run.get("dev_examples")
-            )
-        }
-    if run.kind == "snapshot":
-        return 0, steps.snapshot(run.get("source"), run.get("step"), run.workdir)
+    if run.kind in ("subset", "snapshot"):
+        try:
+            if run.kind == "snapshot":
+                return 0, steps.snapshot(run.get("source"), run.get("step"), run.workdir)
+            return 0, {
+                "examples": steps.subset(
+                    run.get("source"),
+                    run.workdir,
+                    run.get("train_examples"),
+                    run.get("dev_examples"),
+                )
+            }
+        except steps.StepError as e:  # one line in its log; the runs that read it wait
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"{e}\n")
+            return 1, {"log": log_path}
     if run.kind == "gate":
         sweeps = {}
         for model, name in zip(run.get("models"), run.after, strict=True):
@@ -189,8 +199,9 @@ def _execute(run: plan.Run, out_dir: str, launch=launch, record_dir: str = "") -
         return 1, {"log": log_path}
 
 
-def _present(run: plan.Run, out_dir: str, record: dict) -> bool:
-    """Whether ``OUT`` still holds the output of the finished ``run`` that later runs read."""
+def _present(run: plan.Run, out_dir: str, record: dict, steps_read: set[int] = frozenset()) -> bool:
+    """Whether ``OUT`` still holds the output of the finished ``run`` that later runs read;
+    ``steps_read``: a pretraining's steps that pending snapshots read, beside its final one."""
     if run.kind == "vocab":
         path = os.path.join(out_dir, "vocab.txt")
         sha = record["results"].get("sha256")
@@ -200,7 +211,9 @@ def _present(run: plan.Run, out_dir: str, record: dict) -> bool:
     if run.kind == "pretrain":  # its final step, sealed: what fine-tuning and snapshots read
         final = max(int(step) for step in record["results"]["eval_curve"])
         checkpoints = os.path.join(run.workdir, workdir.CHECKPOINTS_DIR)
-        return checkpoint_manifest.latest_verified_step(checkpoints, log=lambda _: None) == final
+        if checkpoint_manifest.latest_verified_step(checkpoints, log=lambda _: None) != final:
+            return False
+        return all(os.path.isdir(os.path.join(checkpoints, str(s))) for s in steps_read)
     return True  # sweeps and gates: later runs read only their records
 
 
@@ -208,12 +221,17 @@ def lost(runs: list[plan.Run], out_dir: str, records: dict[str, dict]) -> set[st
     """The finished runs to run again: those whose output ``OUT`` lacks while a run that is not
     finished reads it, directly or through other such runs."""
     by_name = {r.name: r for r in runs}
+    pending = [r for r in runs if r.name not in records]
+    steps_read: dict[str, set[int]] = {}  # pretraining -> steps its pending snapshots read
+    for run in pending:
+        if run.kind == "snapshot":
+            steps_read.setdefault(run.after[0], set()).add(int(run.get("step")))
     needed: set[str] = set()
-    stack = [r.name for r in runs if r.name not in records]
+    stack = [r.name for r in pending]
     while stack:
         for dep in by_name[stack.pop()].after:
             if dep in records and dep in by_name and dep not in needed:
-                if not _present(by_name[dep], out_dir, records[dep]):
+                if not _present(by_name[dep], out_dir, records[dep], steps_read.get(dep, set())):
                     needed.add(dep)
                     stack.append(dep)
     return needed
@@ -229,10 +247,11 @@ def _restore_vocab(record: dict, out_dir: str, record_dir: str) -> bool:
     return True
 
 
-def _set_aside(run: plan.Run, out_dir: str) -> str:
-    """Moves a rerun's output that differs from its record out of the runs' way; -> where."""
+def _set_aside(run: plan.Run, out_dir: str, why: str = "differs") -> str:
+    """Moves a rerun's output that differs from its record (or a finished pretraining that
+    lacks steps its snapshots read: ``why="lacks-steps"``) out of the runs' way; -> where."""
     path = os.path.join(out_dir, "vocab.txt") if run.kind == "vocab" else run.workdir
-    aside = f"{path}.differs-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside = f"{path}.{why}-{time.strftime('%Y%m%dT%H%M%S')}"
     if os.path.exists(path):
         os.rename(path, aside)
     return aside
@@ -360,6 +379,13 @@ def run_plan(
                     break  # the plan's order: no later run takes the free slot first
                 print(f"{'rerun' if run.name in rerun else 'start':8} {run.name}", flush=True)
                 queue.remove(run)
+                if (
+                    run.name in rerun
+                    and run.kind == "pretrain"
+                    and _present(run, out_dir, records[run.name])
+                ):  # finished, but without steps a snapshot reads: from step 0 again
+                    aside = _set_aside(run, out_dir, "lacks-steps")
+                    print(f"         its workdir lacks steps snapshots read: moved to {aside}")
                 if pool is None:
                     start = time.time()
                     status, results = execute(run, out_dir)

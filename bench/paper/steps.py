@@ -127,10 +127,11 @@ def snapshot(source: str, step: int, dest: str) -> dict:
     """Copies step ``step`` of the pretraining workdir ``source`` (and its record) to ``dest``."""
     step_dir = os.path.join(source, workdir.CHECKPOINTS_DIR, str(step))
     if not os.path.isdir(step_dir):
-        kept = sorted(os.listdir(os.path.join(source, workdir.CHECKPOINTS_DIR)), key=int)
+        names = os.listdir(os.path.join(source, workdir.CHECKPOINTS_DIR))
+        kept = sorted((n for n in names if n.isdigit()), key=int)
         raise StepError(
             f"{step_dir}: no such step (kept: {', '.join(kept) or 'none'}); "
-            "config.checkpoint.keep must cover every curve step"
+            "config.checkpoint.keep_every must divide every curve step"
         )
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".snapshot-", dir=os.path.dirname(dest))

@@ -54,6 +54,7 @@ def plan(config, steps: Steps, continued: Continued | Resumed | None = None) -> 
         config_json=config.to_json_best_effort(),
         allow_vocab_change=bool(config.allow_vocab_change),
         keep=int(config.checkpoint.keep),
+        keep_every=config.checkpoint.keep_every,
         async_save=bool(config.checkpoint.async_save),
         lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
         lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),

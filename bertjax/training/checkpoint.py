@@ -62,8 +62,9 @@ that is verified before it is trusted:
    The record files are written only once a run is accepted (after every check of the config
    against the workdir and the restore). Saves are asynchronous (``config.checkpoint.async_save``)
    every ``config.checkpoint.every_steps`` steps and keep the last ``config.checkpoint.keep``
-   sealed steps: an older step is deleted only once a newer one is sealed, so after the first
-   seal some step always verifies (``bertjax.training.retention``, which alone deletes steps).
+   sealed steps, and the multiples of ``config.checkpoint.keep_every`` (> 0) for good: an older
+   step is deleted only once a newer one is sealed, so after the first seal some step always
+   verifies (``bertjax.training.retention``, which alone deletes steps).
 
    **Restore order** (``bertjax.training.start``): this workdir's newest step
    that verifies (full state, restored straight into the current shardings, any mesh) ->

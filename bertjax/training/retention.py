@@ -18,7 +18,11 @@ process 0, in the sealer's thread:
   aside or deleted by then) and the steps this run has sealed;
 - once step S is sealed, every retained-list step older than those ``keep`` is deleted. S is the
   newest of them and ``keep >= 1``, so the newest sealed step is never deleted, and a step is
-  deleted only after a newer one was sealed. Steps saved but not sealed yet are never touched.
+  deleted only after a newer one was sealed. Steps saved but not sealed yet are never touched;
+- **``config.checkpoint.keep_every = N``** (0: off) keeps every step that is a multiple of N for
+  good, beside the newest ``keep`` and not counted in them (orbax's ``keep_period``): the steps a
+  run is evaluated or sampled at (a curve of fine-tuned snapshots) survive any number of
+  preemption saves, each of which is a sealed step that counts in ``keep``.
 
 **How a step is deleted**: its manifest first, then the rest (:func:`delete_step`). A step whose
 deletion has begun can never verify again, so a kill half way leaves an incomplete step, older
@@ -53,22 +57,34 @@ def check_keep(keep) -> int:
     return keep
 
 
-def to_delete(retained: list[int], keep: int) -> list[int]:
+def check_keep_every(keep_every) -> int:
+    """``keep_every`` as an int; ValueError (one line) unless it is >= 0."""
+    if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 0:
+        raise ValueError(
+            f"config.checkpoint.keep_every={keep_every!r}: expected an integer >= 0 (0: off)"
+        )
+    return keep_every
+
+
+def to_delete(retained: list[int], keep: int, keep_every: int = 0) -> list[int]:
     """The steps of ``retained`` (sealed or present at start, any order) beyond the newest
-    ``keep``, oldest first."""
-    return sorted(retained)[: -check_keep(keep)]
+    ``keep``, oldest first, but for the multiples of ``keep_every`` (> 0), kept for good."""
+    every = check_keep_every(keep_every)
+    older = sorted(retained)[: -check_keep(keep)]
+    return [step for step in older if not (every and step % every == 0)]
 
 
 class Retention:
     """Deletes what ``keep`` allows once a newer step is sealed (module docstring)::
 
-    retention = Retention(directory, keep, present=[steps on disk], log=print)
+    retention = Retention(directory, keep, present=[steps on disk], keep_every=0, log=print)
     ... after step S's manifest is written: retention.sealed(S)
     """
 
-    def __init__(self, directory, keep: int, present: list[int], *,
+    def __init__(self, directory, keep: int, present: list[int], *, keep_every: int = 0,
                  log: Callable[[str], None] = print):  # fmt: skip
         self.directory, self.keep, self.log = epath.Path(directory), check_keep(keep), log
+        self.keep_every = check_keep_every(keep_every)
         self.retained = sorted(set(present))
 
     def sealed(self, step: int) -> list[int]:
@@ -76,7 +92,7 @@ class Retention:
         returns the steps deleted."""
         self.retained = sorted({*self.retained, int(step)})
         deleted = []
-        for old in to_delete(self.retained, self.keep):
+        for old in to_delete(self.retained, self.keep, self.keep_every):
             try:
                 delete_step(self.directory / str(old))
             except Exception as e:  # noqa: BLE001 - any storage error: tried again after the next seal

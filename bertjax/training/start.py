@@ -58,6 +58,7 @@ class Plan:
     # A resume that took its model, vocab and casing from the workdir's record: initial_params
     # reads the init checkpoint only if no step restores, and a restored step says it was not.
     from_record: bool = False
+    keep_every: int = 0  # steps that are multiples of it are kept for good (0: off)
 
 
 @dataclasses.dataclass
@@ -109,7 +110,9 @@ def _restore_or_init(path, plan: Plan, trainer: Trainer, checkpoints: workdir.Ch
 
 def start(path: str, plan: Plan, trainer: Trainer) -> Started:
     """Steps 1-3 of the module doc; raises (one line) with the workdir unchanged."""
-    checkpoints = workdir.Checkpoints(path, keep=plan.keep, async_save=plan.async_save)
+    checkpoints = workdir.Checkpoints(
+        path, keep=plan.keep, async_save=plan.async_save, keep_every=plan.keep_every
+    )
     root = epath.Path(path)
     created = not root.exists()
     if jax.process_index() == 0:

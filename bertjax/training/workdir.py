@@ -188,10 +188,12 @@ def _path(path: epath.Path) -> epath.Path:
 class Checkpoints:
     """The workdir's ``checkpoints/``: verified restore, saves sealed with manifests."""
 
-    def __init__(self, workdir, *, keep: int, async_save: bool, log: Callable[[str], None] = print):
+    def __init__(self, workdir, *, keep: int, async_save: bool, keep_every: int = 0,
+                 log: Callable[[str], None] = print):  # fmt: skip
         self.root = epath.Path(workdir)
         self.directory = _path(self.root / CHECKPOINTS_DIR)
         self.keep, self.async_save = retention.check_keep(keep), bool(async_save)
+        self.keep_every = retention.check_keep_every(keep_every)
         self.log = log
         self.rejected: list[int] = []  # steps newer than the restored one: moved aside
         self.manager = self.sealer = None
@@ -288,7 +290,9 @@ class Checkpoints:
         self._quiet.enter_context(_failed_save_lines_dropped())
         if jax.process_index() == 0:
             present = [step for step, _ in manifest.step_dirs(self.directory)]
-            retained = retention.Retention(self.directory, self.keep, present, log=self.log)
+            retained = retention.Retention(
+                self.directory, self.keep, present, keep_every=self.keep_every, log=self.log
+            )
             self.sealer = manifest.ManifestSealer(
                 self.directory, log=self.log, on_sealed=retained.sealed
             )

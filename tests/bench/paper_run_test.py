@@ -89,9 +89,9 @@ def test_the_pretraining_variants_differ_only_where_the_paper_varies_them():
     }
     assert bert["train.num_steps"] == str(FULL.pretrain_steps) and bert["seed"] == "0"
     assert bert["model.vocab_size"] == plan.VOCAB_SIZE  # the learnt vocab's, filled in at start
-    # every curve step is still kept when the run ends
-    keep, every = int(bert["checkpoint.keep"]), int(bert["checkpoint.every_steps"])
-    assert FULL.pretrain_steps - (keep - 1) * every <= min(FULL.curve_steps)
+    # every curve step is kept for good, whatever preemption saves come between
+    every, keep_every = int(bert["checkpoint.every_steps"]), int(bert["checkpoint.keep_every"])
+    assert all(s % keep_every == 0 and s % every == 0 for s in FULL.curve_steps)
     floor = _overrides(by["no_pretraining"])
     assert floor["optimizer.learning_rate"] == "0.0" and floor["train.num_steps"] == "1"
     ladder = {
@@ -521,6 +521,58 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
                         record_dir=str(records)) == []  # fmt: skip
     assert not os.path.exists(failed_file)
     assert os.path.exists(plan.results_path(str(records), "gate/qnli"))
+
+
+def test_a_pretraining_that_lost_a_step_a_snapshot_reads_is_run_again_from_step_0(tmp_path, capsys):
+    """LTR's steps 500 and 1,000 were deleted by preemption saves that counted in ``keep``: the
+    snapshot fails in one line (the runner goes on), and the next start reruns the pretraining
+    from step 0, its finished workdir moved aside, to a curve that must equal its record."""
+    from bertjax.training import checkpoint_manifest as cm  # noqa: PLC0415
+
+    out = tmp_path / "out"
+    work = out / "pretrain" / "m"
+    pretrain = plan.Run("pretrain/m", "pretrain", ("true",), str(work))
+    snap = plan.Run("snapshot/m@10", "snapshot", (), str(out / "snap"), ("pretrain/m",),
+                    info=(("model", "m"), ("step", 10), ("source", str(work))))  # fmt: skip
+    after = plan.Run("finetune/m@10/t", "finetune", ("true",), "/w", ("snapshot/m@10",))
+    curve = {"eval_curve": {"10": {"mlm_accuracy": 0.1}, "20": {"mlm_accuracy": 0.2}}}
+    calls = []
+
+    def execute(r, out_dir):
+        calls.append(r.name)
+        if r.kind == "pretrain":
+            assert not work.exists(), "a finished workdir must be moved aside first"
+            for step in (10, 20):
+                (work / "checkpoints" / str(step)).mkdir(parents=True)
+                (work / "checkpoints" / str(step) / "x").write_text(str(step))
+                cm.write_manifest(work / "checkpoints" / str(step))
+            for name in (*steps.RECORD_FILES, "vocab.txt"):
+                (work / name).write_text("{}" if name.endswith(".json") else name)
+            return 0, curve
+        if r.kind == "snapshot":
+            return run._execute(r, out_dir)
+        return 0, {"sweep": {}}
+
+    runs = [pretrain, snap, after]
+    shutil.rmtree(work / "checkpoints" / "10", ignore_errors=True)
+    assert run.run_plan(runs, str(out), "s", ["x"], execute=execute) == []
+    shutil.rmtree(out / "snap")
+    for name in ("snapshot/m@10", "finetune/m@10/t"):
+        os.remove(plan.results_path(str(out), name))
+    shutil.rmtree(work / "checkpoints" / "10")  # what keep did to LTR
+    status, result = run._execute(snap, str(out))  # one line in its log, not a traceback
+    assert status == 1
+    assert "checkpoints/10: no such step (kept: 20); config.checkpoint.keep_every must" in (
+        pathlib.Path(result["log"]).read_text()
+    )
+    calls.clear(), capsys.readouterr()
+    assert run.run_plan(runs, str(out), "s", ["x"], execute=execute) == []
+    assert calls == ["pretrain/m", "snapshot/m@10", "finetune/m@10/t"]
+    printed = capsys.readouterr().out
+    assert re.search(r"its workdir lacks steps snapshots read: moved to .*/pretrain/m"
+                     r"\.lacks-steps-\d{8}T\d{6}$", printed, re.M), printed  # fmt: skip
+    assert "rerun    pretrain/m: equal to its record in " in printed
+    assert os.listdir(out / "snap" / "checkpoints") == ["10"]
 
 
 def test_snapshot_copies_one_step_and_the_record(tmp_path):

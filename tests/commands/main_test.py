@@ -156,7 +156,8 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     ``keep`` (configs/tiny.py: 2) and at ``keep=1``, where the newest sealed step must survive
     (``bertjax.training.retention``); then SIGTERM, then the run to its end. The first rerun
     takes over the lease the killed run left; while the second is held, a run of another
-    command line on the workdir is refused naming its holder (faults_test has SIGINT's)."""
+    command line on the workdir is refused naming its holder (faults_test has SIGINT's). The
+    last two run at ``keep=1, keep_every=4``: step 4 outlives the preemption save."""
     _, corpus, environ = env
     workdir = env[0] / "interrupted"
     ckpt_dir = workdir / "checkpoints"
@@ -183,9 +184,11 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     assert "checkpoint step 4: no manifest (incomplete save); trying step 2" in out, out
     assert f"restored step 2 from {ckpt_dir}" in out, out
     # 4) Resume; SIGTERM after the first logged step -> checkpoint at the current step, exit 0.
+    # keep_every=4: step 4 is kept for good, though the preemption save counts in keep=1.
+    kept_for_good = ("--config.checkpoint.keep=1", "--config.checkpoint.keep_every=4")
     log = open(env[0] / "sigterm_stderr.txt", "w")  # noqa: SIM115 - read back on failure
     proc = zygote.popen(
-        _command(corpus, workdir, "--config.checkpoint.keep=1"),
+        _command(corpus, workdir, *kept_for_good),
         env=environ,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -206,10 +209,12 @@ def test_kill_9_mid_save_and_between_commit_and_seal_then_sigterm_then_resume_is
     stopped_at = int(line.split()[1].split("/")[0])
     steps = sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit())
     assert steps and steps[-1] >= stopped_at
-    # 5) Resume to the end.
-    result = _run(env, workdir)
+    assert 4 in steps, steps
+    # 5) Resume to the end: the newest step and the multiples of keep_every are left.
+    result = _run(env, workdir, *kept_for_good)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restored step" in result.stdout
+    assert sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit()) == [4, 8]
     got, *_ = workdir_lib.latest_params(workdir)
     want, *_ = workdir_lib.latest_params(reference[0])
     flat = lambda tree: {k: v for k, v in _flatten(tree)}

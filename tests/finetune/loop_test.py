@@ -413,10 +413,13 @@ def test_cli_kill_9_between_commit_and_seal_then_resume_is_bit_exact(
     proc.wait()
     assert proc.returncode == -9 and window, proc.stderr.read()[-3000:]  # killed in the window
     assert not (run / "eval_results.json").exists()
-    resumed = _cli("finetune_glue.py", f"--workdir={run}", *flags, env=env)
+    # The rerun keeps every 20th step for good beside keep=1 (config.checkpoint.keep_every).
+    resumed = _cli("finetune_glue.py", f"--workdir={run}", *flags,
+                   "--config.checkpoint.keep_every=20", env=env)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "checkpoint step 20: no manifest (incomplete save); trying step 10" in resumed.stdout
     assert re.search(r"^restored step 10 from ", resumed.stdout, re.M), resumed.stdout[-2000:]
+    assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [20, 40]
     got, _, _ = checkpoint.load_params(run / "checkpoint")
     want, _, _ = checkpoint.load_params(tmp_path / "reference/checkpoint")
     jax.tree.map(np.testing.assert_array_equal, got, want)

@@ -176,3 +176,35 @@ def test_keep_below_one_or_not_an_integer_is_one_line(tmp_path, keep):
     expected = r"^config\.checkpoint\.keep=.*: expected an integer >= 1$"
     with pytest.raises(ValueError, match=expected):
         workdir.Checkpoints(tmp_path, keep=keep, async_save=True)
+
+
+def test_keep_every_keeps_its_multiples_for_good_beside_the_newest_keep(tmp_path):
+    """A preemption save is a sealed step that counts in ``keep``: without ``keep_every`` it
+    pushes out the step a curve needs (issue #38: LTR's steps 500 and 1,000)."""
+    checkpoints = workdir.Checkpoints(tmp_path, keep=1, async_save=False, keep_every=4,
+                                      log=pytest.fail)  # fmt: skip
+    checkpoints.open_for_writing()
+    for step in (2, 4, 5, 6):  # 5: a preemption save between two regular ones
+        checkpoints.save(step, _state(step), RNG, {"step": step})
+    checkpoints.finish()
+    checkpoints.close()
+    directory = checkpoints.directory
+    assert _verified(directory) == [6, 4]
+    # A resumed run keeps what it found on disk that is a multiple, and its own.
+    checkpoints = workdir.Checkpoints(tmp_path, keep=1, async_save=False, keep_every=4,
+                                      log=pytest.fail)  # fmt: skip
+    checkpoints.open_for_writing()
+    for step in (7, 8, 10):
+        checkpoints.save(step, _state(step), RNG, {"step": step})
+    checkpoints.finish()
+    checkpoints.close()
+    assert _verified(directory) == [10, 8, 4]
+    assert retention.to_delete([3, 4, 8, 9, 12, 13], keep=2) == [3, 4, 8, 9]
+    assert retention.to_delete([3, 4, 8, 9, 12, 13], keep=2, keep_every=4) == [3, 9]
+
+
+@pytest.mark.parametrize("keep_every", [-1, 1.5, True, "2"])
+def test_keep_every_below_zero_or_not_an_integer_is_one_line(tmp_path, keep_every):
+    expected = r"^config\.checkpoint\.keep_every=.*: expected an integer >= 0 \(0: off\)$"
+    with pytest.raises(ValueError, match=expected):
+        workdir.Checkpoints(tmp_path, keep=1, async_save=True, keep_every=keep_every)
