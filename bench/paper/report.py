@@ -324,15 +324,24 @@ def plot(series: dict, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (held_out, downstream) = plt.subplots(1, 2, figsize=(10, 4))
+    # One panel for the held-out curves, one per downstream task ("<task> dev: <model>"): a
+    # task's accuracy and another's F1 do not share an axis.
+    panels = {"held-out": "held-out accuracy (%)"}
+    for name in series:
+        if not name.startswith("held-out"):
+            task = name.split(" dev: ")[0]
+            panels.setdefault(task, f"{task} dev score (%)")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    axis_of = dict(zip(panels, axes[0], strict=True))
     for name, points in series.items():
-        axis = held_out if name.startswith("held-out") else downstream
+        axis = axis_of["held-out" if name.startswith("held-out") else name.split(" dev: ")[0]]
         if points:
             axis.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
-    for axis, title in ((held_out, "held-out accuracy (%)"), (downstream, "dev score (%)")):
-        axis.set_xlabel("pretraining step")
-        axis.set_title(title)
-        axis.legend(fontsize=7)
+    for key, title in panels.items():
+        axis_of[key].set_xlabel("pretraining step")
+        axis_of[key].set_title(title)
+        if axis_of[key].get_legend_handles_labels()[0]:
+            axis_of[key].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
