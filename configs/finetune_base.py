@@ -120,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.feature_based.layers = "last_four_concat"
     config.feature_based.rnn_size = 768  # the head's BiLSTM units per direction (paper: 768)
     config.feature_based.rnn_layers = 2  # paper: two layers
+    config.feature_based.restarts = 1  # heads per combination, seeds config.seed, +1, ...
     # Where the activations are kept (one .npy per layer and split, local disk); '' = WORKDIR/
     # activations. A run with the same checkpoint, task data and length reuses them.
     config.feature_based.activations_dir = ""

@@ -33,9 +33,9 @@ The experiments (names are ``kind/...``; ``M`` is a pretrained model, ``T`` a ta
   bench/paper/README.md: a task no trained encoder learns at this scale can show no ordering).
 - ``bilstm/ltr/T`` (Table 5, "LTR & No NSP + BiLSTM": ``model.head_rnn=bilstm``) and
   ``feature_based/M/wnut16`` for ``bert`` and the ceiling (Table 7: ``mode=feature_based``, the
-  six layer combinations; each reads M's own fine-tuning on wnut16, which it is compared with,
-  not the gate) need keys that issue #38 item 1 added (``needs_key``); a checkout without them
-  skips them with one line.
+  six layer combinations, each with M's fine-tuning's number of seeds; each reads M's own
+  fine-tuning on wnut16, which it is compared with, not the gate) need keys that issue #38 added
+  (``needs_key``); a checkout without them skips them with one line.
 """
 
 from __future__ import annotations
@@ -388,7 +388,8 @@ def _feature_based_run(scale: scales.Scale, out: str, pretrain: Run) -> Run:
     """Table 7 on ``pretrain``'s model: it reads the model's own fine-tuning on WNUT-16 (what it
     is compared with), not the gate, and runs whatever that scored (bench/paper/README.md)."""
     model = pretrain.get("model")
-    hidden = CEILING_HIDDEN if model == "minilm_continued" else scale.main_size.hidden
+    ceiling = model == "minilm_continued"
+    hidden = CEILING_HIDDEN if ceiling else scale.main_size.hidden
     run = _finetune_run(
         "feature_based",
         scale,
@@ -397,11 +398,13 @@ def _feature_based_run(scale: scales.Scale, out: str, pretrain: Run) -> Run:
         pretrain.workdir,
         "wnut16",
         (pretrain.name, "subset/wnut16", f"finetune/{model}/wnut16"),
-        needs_key="feature_based.layers",
+        needs_key="feature_based.restarts",
         extra={
             "mode": "feature_based",
             "feature_based.layers": "all",
             "feature_based.rnn_size": hidden,  # the paper: a 768-unit BiLSTM on BERT-base's 768
+            # each combination's heads, as many seeds as the model's fine-tuning has
+            "feature_based.restarts": scale.ceiling_restarts if ceiling else scale.restarts,
             "optimizer.learning_rate": scale.feature_learning_rate,
             "data.pack_sequences": False,
         },

@@ -97,6 +97,14 @@ def failed_gates(out_dir: str) -> dict:
     return failed
 
 
+def sample_std(scores: list[float]) -> float:
+    """The sample standard deviation (n - 1), 0 for one score."""
+    if len(scores) < 2:
+        return 0.0
+    mean = sum(scores) / len(scores)
+    return math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
+
+
 def sweep_summary(sweep: dict) -> dict:
     """Per learning rate the dev scores over seeds; the rate with the best mean, its mean and
     sample standard deviation (0 for one seed), its number of seeds, and the best single run."""
@@ -106,14 +114,11 @@ def sweep_summary(sweep: dict) -> dict:
     means = {rate: sum(s) / len(s) for rate, s in by_rate.items()}
     rate = max(means, key=lambda r: (means[r], -list(by_rate).index(r)))
     scores = by_rate[rate]
-    spread = 0.0
-    if len(scores) > 1:
-        spread = math.sqrt(sum((s - means[rate]) ** 2 for s in scores) / (len(scores) - 1))
     best = max(float(r["score"]) for r in sweep["rows"])
     return {
         "learning_rate": rate,
         "mean": means[rate],
-        "std": spread,
+        "std": sample_std(scores),
         "seeds": len(scores),
         "best": best,
         "metric": sweep["primary_metric"],
@@ -222,25 +227,33 @@ def table7(records: dict) -> tuple[str, list[dict]]:
     """Fine-tuning against the six layer combinations, per model: each feature-based run sits
     beside the same model's own fine-tuning (``bench.paper.plan``: it reads that record)."""
     used, rows = [], []
-    combos: dict[str, dict] = {}
+    combos: dict[str, dict[str, list[dict]] | None] = {}
     for model in TABLE7_MODELS:
         for kind in ("finetune", "feature_based"):
             if f"{kind}/{model}/wnut16" in records:
                 used.append(records[f"{kind}/{model}/wnut16"])
         feature = records.get(f"feature_based/{model}/wnut16")
-        # bertjax.finetune.feature_based's rows: {"combination", "dev": {"f1", ...}, ...}
+        # bertjax.finetune.feature_based's rows, one per head: {"combination", "seed", "dev"}
         rows_of = feature["results"]["feature_based"].get("rows", []) if feature else None
-        combos[model] = None if rows_of is None else {str(r.get("combination")): r for r in rows_of}
+        if rows_of is not None:
+            combos[model] = {}
+            for r in rows_of:
+                combos[model].setdefault(str(r.get("combination")), []).append(r)
     tuned = [_cell(records, f"finetune/{m}/wnut16") for m in TABLE7_MODELS]
     rows.append(["fine-tuning (all layers)", *tuned, f"{PAPER_TABLE7['fine-tuning']:.1f}"])
     for combination in list(PAPER_TABLE7)[1:]:
         cells = []
         for model in TABLE7_MODELS:
-            row = (combos[model] or {}).get(combination)
-            score = row.get("dev", {}).get("f1") if row else None
-            cells.append(
-                "missing" if row is None else (f"{score:.1f}" if score is not None else "no dev F1")
-            )
+            heads = (combos.get(model) or {}).get(combination)
+            scores = [h["dev"]["f1"] for h in heads or [] if "f1" in h.get("dev", {})]
+            if not heads:
+                cells.append("missing")
+            elif len(scores) < len(heads):
+                cells.append("no dev F1")
+            else:
+                mean = sum(scores) / len(scores)
+                spread = f"{mean:.1f} ± {sample_std(scores):.1f} (n={len(scores)}"
+                cells.append(f"{spread}; best {max(scores):.1f})")
         rows.append([f"feature-based: {combination}", *cells, f"{PAPER_TABLE7[combination]:.1f}"])
     header = [
         "approach (WNUT-16 NER, dev F1)",

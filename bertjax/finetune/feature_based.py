@@ -9,14 +9,16 @@
    that the combinations of ``config.feature_based.layers`` read are stored
    (``bertjax.finetune.activations``, in ``config.feature_based.activations_dir`` or
    WORKDIR/activations); a later run on the same encoder and inputs reads them.
-3. For each combination, one head (``bertjax.model.feature_head.FeatureHead``: the combination,
-   a BiLSTM of ``rnn_layers`` x ``rnn_size``, the task's classifier) trains on those stored
-   activations in its own training workdir, WORKDIR/heads/<combination>/, on the trainer core
-   (``bertjax.training``: the step, optimizer, accumulation, non-finite guard, checkpoints,
-   resume, SIGTERM and progress line of every run). Its dev metrics and predictions are the
-   task's own (``task.evaluate``, ``task.write_predictions``), written there as
-   ``eval_results.json`` and ``predictions/``.
-4. WORKDIR/feature_based_results.{json,md}: one row per combination.
+3. For each combination, ``config.feature_based.restarts`` heads
+   (``bertjax.model.feature_head.FeatureHead``: the combination, a BiLSTM of ``rnn_layers`` x
+   ``rnn_size``, the task's classifier), seeded ``config.seed``, ``config.seed + 1``, ..., train
+   on those same stored activations, each in its own training workdir,
+   WORKDIR/heads/<combination>/seed<seed>/, on the trainer core (``bertjax.training``: the step,
+   optimizer, accumulation, non-finite guard, checkpoints, resume, SIGTERM and progress line of
+   every run). Its dev metrics and predictions are the task's own (``task.evaluate``,
+   ``task.write_predictions``), written there as ``eval_results.json`` and ``predictions/``.
+4. WORKDIR/feature_based_results.{json,md}: one row per head, combination by combination:
+   ``{"combination", "seed", "hidden_states", "final_train_loss", "dev": {metric: value}}``.
 
 **Frozen**: the trained state holds the head's params only (``layer_mix``, ``bilstm``,
 ``classifier``); the encoder's are not in it, and its activations come through
@@ -79,7 +81,7 @@ def check(config, task) -> None:
             "config.model.scan_layers: the feature-based trainer runs the encoder once, "
             "unscanned; set it to False"
         )
-    for field in ("rnn_size", "rnn_layers"):
+    for field in ("rnn_size", "rnn_layers", "restarts"):
         value = config.feature_based[field]
         if not isinstance(value, int) or value < 1:
             raise FinetuneInputError(
@@ -137,10 +139,10 @@ def head_flops(objective: FeatureBased) -> float:
     return 3.0 * length * flops
 
 
-def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir: str,
+def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir: str, seed: int,
              signature: dict, bert_config, vocab_file: str, lower: bool):  # fmt: skip
-    """Trains a fresh head in its training workdir (resuming its newest verified step of the same
-    ``signature``) -> ``bertjax.finetune.loop.Fitted``."""
+    """Trains a fresh head from ``seed`` in its training workdir (resuming its newest verified
+    step of the same ``signature``) -> ``bertjax.finetune.loop.Fitted``."""
     batch_size = int(config.train.global_batch_size)
     num_steps = int(len(train) / batch_size * config.train.num_epochs)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
@@ -149,7 +151,7 @@ def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir:
                    for k, v in train.arrays.items()}  # fmt: skip
     train_batch["example_weights"] = jax.ShapeDtypeStruct((batch_size,), np.float32)
     run = finetune_loop.Run(
-        workdir=workdir, signature={**signature, "num_steps": num_steps}, seed=int(config.seed),
+        workdir=workdir, signature={**signature, "num_steps": num_steps}, seed=seed,
         bert_config=bert_config, vocab_file=vocab_file, lower=lower,
         report=loop_lib.Report(objective.input_shape[1], head_flops(objective)),
     )  # fmt: skip
@@ -157,7 +159,12 @@ def fit_head(config, objective: FeatureBased, train: Features, mesh, *, workdir:
                                run)  # fmt: skip
 
 
-def _signature(config, task, combination: str, train_key: str) -> dict:
+def seeds(config) -> tuple[int, ...]:
+    """Each combination's head seeds: ``config.seed`` and the next ``restarts - 1``."""
+    return tuple(int(config.seed) + k for k in range(int(config.feature_based.restarts)))
+
+
+def _signature(config, task, combination: str, train_key: str, seed: int) -> dict:
     """What a resumed head's run must share with the run that saved its checkpoints."""
     return {
         "task": task.name,
@@ -165,17 +172,17 @@ def _signature(config, task, combination: str, train_key: str) -> dict:
         "activations": train_key,  # the encoder and the train split (activations.key_of)
         "rnn": f"{config.feature_based.rnn_size}x{config.feature_based.rnn_layers}",
         "learning_rate": float(config.optimizer.learning_rate),
-        "seed": int(config.seed),
+        "seed": seed,
         "batch_size": int(config.train.global_batch_size),
     }
 
 
 def _table(rows: list[dict]) -> str:
     metric_names = sorted({k for r in rows for k, v in r["dev"].items() if isinstance(v, float)})
-    header = ["combination", "hidden states", "final_train_loss", *metric_names]
+    header = ["combination", "seed", "hidden states", "final_train_loss", *metric_names]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["combination"], " ".join(map(str, row["hidden_states"])),
+        cells = [row["combination"], str(row["seed"]), " ".join(map(str, row["hidden_states"])),
                  f"{row['final_train_loss']:.4f}"]  # fmt: skip
         cells += [f"{row['dev'].get(m, float('nan')):.2f}" for m in metric_names]
         lines.append("| " + " | ".join(cells) + " |")
@@ -206,10 +213,11 @@ def _stored_splits(config, workdir: str, encoder, data, indices) -> dict:
 
 
 def run(config, workdir: str) -> dict:
-    """Extracts once, trains one head per combination, writes the module docstring's outputs;
-    -> {"rows": [...]} (or {"stopped": True} after SIGTERM/Ctrl-C, to be resumed)."""
+    """Extracts once, trains ``restarts`` heads per combination, writes the module docstring's
+    outputs; -> {"rows": [...]} (or {"stopped": True} after SIGTERM/Ctrl-C, to be resumed)."""
     names = combinations(config)
     check(config, tasks.get_task(config))  # before the checkpoint and the data are read
+    head_seeds = seeds(config)
     task, pretrained, bert_config, vocab_file, lower, tokenizer = inputs.prepare(config)
     mesh = sh.create_mesh(config.mesh.shape)
     finetune_loop.check_batches(config, mesh)
@@ -226,25 +234,30 @@ def run(config, workdir: str) -> dict:
             for split, store in stored.items()
         }
         objective = objective_for(config, task, name, bert_config, length)
-        head_dir = os.path.join(workdir, "heads", name)
+        train = split_features(data.features[task.train_split], layers[task.train_split])
         indices = hidden_state_indices(name, bert_config.num_layers)
-        print(f"feature-based head {name}: hidden states {list(indices)}", flush=True)
-        fitted = fit_head(
-            config, objective, split_features(data.features[task.train_split],
-                                              layers[task.train_split]),
-            mesh, workdir=head_dir, signature=_signature(config, task, name, train_key),
-            bert_config=bert_config, vocab_file=vocab_file, lower=lower,
-        )  # fmt: skip
-        if fitted.stopped:
-            print(f"stopped: rerun the same command to resume in {head_dir}", flush=True)
-            return {"stopped": True}
-        rows.append(_evaluate(config, task, objective, fitted, data, layers, head_dir, name))
+        for seed in head_seeds:
+            head_dir = os.path.join(workdir, "heads", name, f"seed{seed}")
+            print(f"feature-based head {name} seed {seed}: hidden states {list(indices)}",
+                  flush=True)  # fmt: skip
+            fitted = fit_head(
+                config, objective, train, mesh, workdir=head_dir, seed=seed,
+                signature=_signature(config, task, name, train_key, seed),
+                bert_config=bert_config, vocab_file=vocab_file, lower=lower,
+            )  # fmt: skip
+            if fitted.stopped:
+                print(f"stopped: rerun the same command to resume in {head_dir}", flush=True)
+                return {"stopped": True}
+            rows.append(
+                _evaluate(config, task, objective, fitted, data, layers, head_dir, name, seed)
+            )
     finetune_loop.write_json(os.path.join(workdir, f"{RESULTS}.json"), {"rows": rows})
     atomic.write_text(os.path.join(workdir, f"{RESULTS}.md"), _table(rows))
     return {"rows": rows}
 
 
-def _evaluate(config, task, objective, fitted, data, layers, head_dir: str, name: str) -> dict:
+def _evaluate(config, task, objective, fitted, data, layers, head_dir: str, name: str,
+              seed: int) -> dict:  # fmt: skip
     """Dev metrics and predictions of a trained head, written into its workdir; -> its row."""
     predictor = Predictor(objective, fitted.mesh, config.mesh.rules,
                           config.train.eval_batch_size)  # fmt: skip
@@ -257,10 +270,10 @@ def _evaluate(config, task, objective, fitted, data, layers, head_dir: str, name
         dev[split], _ = task.evaluate(data.examples[split], features, logits)
         task.write_predictions(out_dir, split, data.examples[split], features, logits)
         values = " ".join(f"{k} {v:.4f}" for k, v in dev[split].items() if isinstance(v, float))
-        print(f"eval {name} {split}: {values}", flush=True)
+        print(f"eval {name} seed {seed} {split}: {values}", flush=True)
     indices = hidden_state_indices(name, objective.model.config.num_layers)
     first = dev[task.dev_splits[0]]
-    row = {"combination": name, "hidden_states": list(indices),
+    row = {"combination": name, "seed": seed, "hidden_states": list(indices),
            "final_train_loss": fitted.final_loss, "dev": first}  # fmt: skip
     finetune_loop.write_json(os.path.join(head_dir, "eval_results.json"),
                              {"task": task.name, **row, "dev_splits": dev})  # fmt: skip

@@ -223,7 +223,7 @@ def train(config, objective, train_batch: dict, train_features, mesh, opt_config
     plan = core_start.Plan(
         bert_config=run.bert_config, vocab_file=run.vocab_file, do_lower_case=run.lower,
         config_json=config.to_json_best_effort(), allow_vocab_change=False,
-        keep=int(config.checkpoint.keep), async_save=bool(config.checkpoint.async_save),
+        keep=config.checkpoint.keep, async_save=bool(config.checkpoint.async_save),
         keep_every=config.checkpoint.keep_every,
         lease_ttl_seconds=float(config.checkpoint.lease_ttl_seconds),
         lease_renew_seconds=float(config.checkpoint.lease_renew_seconds),

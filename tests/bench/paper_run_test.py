@@ -68,8 +68,8 @@ def test_the_plan_holds_every_experiment_in_an_order_that_reads_only_finished_ru
         "bilstm/ltr/squad": "model.head_rnn",
         "bilstm/ltr/qnli": "model.head_rnn",
         "bilstm/ltr/wnut16": "model.head_rnn",
-        "feature_based/bert/wnut16": "feature_based.layers",
-        "feature_based/minilm_continued/wnut16": "feature_based.layers",
+        "feature_based/bert/wnut16": "feature_based.restarts",
+        "feature_based/minilm_continued/wnut16": "feature_based.restarts",
     }
     # Table 7 compares each model's features with its own fine-tuning: it reads that, not the gate.
     for model in ("bert", "minilm_continued"):
@@ -134,6 +134,9 @@ def test_finetuning_runs_are_the_papers_sweep_from_the_right_checkpoint():
     assert feature["mode"] == "feature_based" and feature["init_checkpoint"] == "/out/pretrain/bert"
     ceiling = _overrides(runs["feature_based/minilm_continued/wnut16"])
     assert ceiling["feature_based.rnn_size"] == "384" and feature["feature_based.rnn_size"] == "128"
+    # Each combination's heads have as many seeds as the model's own fine-tuning: Table 7's spread.
+    assert feature["feature_based.restarts"] == str(FULL.restarts) == feature["sweep.num_restarts"]
+    assert ceiling["feature_based.restarts"] == str(FULL.ceiling_restarts)
     # The token task: about as many updates as the sentence-pair task (bench/paper/README.md).
     assert _overrides(runs["finetune/bert/wnut16"])["train.num_epochs"] == "9.0"
     assert feature["train.num_epochs"] == "9.0"
@@ -670,7 +673,20 @@ def test_the_report_shows_mean_and_spread_from_results_and_names_missing_runs(tm
     _write_record(
         tmp_path, "pretrain/bert", "pretrain", dict(_plan()[4].info), {"eval_curve": curve}
     )
+    heads = [
+        {"combination": c, "seed": seed, "dev": {"f1": f1}}
+        for c, f1s in (("last", (40.0, 44.0)), ("all_sum", (50.0, 50.0)))
+        for seed, f1 in enumerate(f1s)
+    ]  # feature-based rows: one per head, two seeds per combination
+    _write_record(
+        tmp_path, "feature_based/bert/wnut16", "feature_based", {"model": "bert", "task": "wnut16"},
+        {"feature_based": {"rows": heads}},
+    )  # fmt: skip
     text = report.render(str(tmp_path))
+    table7 = text.split("## Table 7")[1].split("##")[0]
+    assert "| feature-based: last | 42.0 ± 2.8 (n=2; best 44.0) | missing | 94.9 |" in table7
+    assert "| feature-based: all_sum | 50.0 ± 0.0 (n=2; best 50.0) | missing | 95.5 |" in table7
+    assert "| feature-based: embeddings | missing | missing | 91.0 |" in table7
     table5 = text.split("## Table 5")[1].split("##")[0]
     bert_row = next(line for line in table5.splitlines() if line.startswith("| BERT"))
     assert bert_row.split(" | ")[1:4] == [

@@ -197,28 +197,40 @@ def test_ner_heads_learn_from_activations_extracted_once(
     assert {"f1", "precision", "recall"} <= set(results["rows"][0]["dev"])
     assert set(trained_params[0]) == {"bilstm", "classifier"}  # no encoder to train
     assert set(trained_params[1]) == {"layer_mix", "bilstm", "classifier"}
-    assert (tmp_path / "out/heads/last/predictions/dev_predictions.txt").exists()
+    assert [r["seed"] for r in results["rows"]] == [0, 0]
+    assert (tmp_path / "out/heads/last/seed0/predictions/dev_predictions.txt").exists()
     assert (tmp_path / "out/feature_based_results.md").read_text().startswith("| combination")
     # The same command again: the heads' finished runs only re-evaluate, the activations are read.
     again = feature_based.run(config, str(tmp_path / "out"))
     assert again["rows"] == results["rows"] and len(counted_encoder) == 3
 
 
-def test_classification_head_learns_from_frozen_activations(
+def test_classification_heads_learn_from_frozen_activations_one_per_seed(
     tiny_encoder_checkpoint,
     tmp_path,
     capsys,
+    counted_encoder,
+    trained_params,
 ):
     config = _config(
         "mrpc",
         str(DATA / "mrpc"),
         tiny_encoder_checkpoint,
-        {"train.num_epochs": 20.0, "feature_based.layers": "last_four_concat"},
-    )
+        {"train.num_epochs": 40.0, "feature_based.layers": "last_four_concat", "seed": 1,
+         "feature_based.restarts": 2},
+    )  # fmt: skip
     results = feature_based.run(config, str(tmp_path))
-    ((first, last),) = _losses(capsys.readouterr().out, 1)
-    assert last < 0.7 * first
+    losses = _losses(capsys.readouterr().out, 2)
+    assert all(last < 0.7 * first for first, last in losses), losses
+    assert [(r["combination"], r["seed"]) for r in results["rows"]] == [
+        ("last_four_concat", 1), ("last_four_concat", 2)
+    ]  # fmt: skip
     assert {"accuracy", "f1"} <= set(results["rows"][0]["dev"])
+    assert len(counted_encoder) == 3  # once for both heads: batches of 8, 16 train pairs, 8 dev
+    first, second = (jax.tree.leaves(p) for p in trained_params)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, second, strict=True))  # two seeds
+    for seed in (1, 2):
+        assert (tmp_path / f"heads/last_four_concat/seed{seed}/eval_results.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -230,6 +242,7 @@ def test_classification_head_learns_from_frozen_activations(
         ({"task.name": "squad_v1"}, "config.task.name='squad_v1': the feature-based trainer"),
         ({"feature_based.rnn_size": 0}, "config.feature_based.rnn_size=0: expected a positive"),
         ({"feature_based.rnn_layers": 0}, "config.feature_based.rnn_layers=0: expected a pos"),
+        ({"feature_based.restarts": 0}, "config.feature_based.restarts=0: expected a positive"),
     ],
 )
 def test_what_it_does_not_do_is_one_line_naming_the_field(overrides, message):
