@@ -144,12 +144,25 @@ def waiting(plan: dict, failed: dict) -> dict:
     return blocked
 
 
+PAST_GATE = "†"
+PAST_GATE_NOTE = (
+    f"{PAST_GATE} Run past its task's failed gate (`bench.paper.run --past_failed_gates`): the "
+    "gated models did not learn the task at this scale, so no ordering is read from these cells.\n"
+)
+
+
 def _cell(records: dict, name: str, blocked: dict | None = None) -> str:
+    """A sweep's cell: mean ± spread at the best rate, and its best run; ``PAST_GATE`` marks
+    a run made past a failed gate (``blocked``: ``waiting``'s map)."""
     if name not in records:
         return f"not run: {blocked[name]} failed" if name in (blocked or {}) else "missing"
     s = sweep_summary(records[name]["results"]["sweep"])
     spread = f"{s['mean']:.1f} ± {s['std']:.1f} (n={s['seeds']}, lr {s['learning_rate']:g}"
-    return f"{spread}; best {s['best']:.1f})"
+    return f"{spread}; best {s['best']:.1f})" + (f" {PAST_GATE}" if name in (blocked or {}) else "")
+
+
+def _past_gate_note(table: str) -> str:
+    return f"\n{PAST_GATE_NOTE}" if f" {PAST_GATE} |" in table else ""
 
 
 def _provenance(records: list[dict], command: str) -> str:
@@ -185,7 +198,8 @@ def table5(records: dict, blocked: dict | None = None) -> tuple[str, list[dict]]
         "paper QNLI",
         "paper SQuAD F1",
     ]
-    return _table(header, rows), used
+    text = _table(header, rows)
+    return text + _past_gate_note(text), used
 
 
 def _final_eval(record: dict) -> dict:
@@ -217,7 +231,8 @@ def table6(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str,
         f"{n}/{h}/{a}: ppl {p:.2f}, MNLI-m {m:.1f}" for (n, h, a), (p, m) in PAPER_TABLE6.items()
     ]
     header = ["#L", "#H", "#A", "held-out MLM acc % / ppl", "QNLI", "SQuAD F1", "WNUT-16 F1"]
-    return _table(header, rows) + "\nPaper (L/H/A): " + "; ".join(paper) + ".\n", used
+    text = _table(header, rows)
+    return text + "\nPaper (L/H/A): " + "; ".join(paper) + ".\n" + _past_gate_note(text), used
 
 
 TABLE7_MODELS = {"bert": "bert (2 x 128)", "minilm_continued": "ceiling (MiniLM continued)"}
@@ -285,8 +300,9 @@ def gates(records: dict, plan: dict, failed: dict | None = None) -> tuple[str, l
     return _table(["task", "trivial baseline", "gated models' best dev score"], rows), used
 
 
-def curves(records: dict, plan: dict) -> tuple[str, list[dict], dict]:
-    """(markdown, records used, {series: [(step, value)]}) for the two curves."""
+def curves(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str, list[dict], dict]:
+    """(markdown, records used, {series: [(step, value)]}) for the two curves; a downstream
+    series with a run past a failed gate (``blocked``) is marked ``PAST_GATE``."""
     used, series = [], {}
     for run in plan["runs"]:
         record = records.get(run["name"])
@@ -313,6 +329,10 @@ def curves(records: dict, plan: dict) -> tuple[str, list[dict], dict]:
             continue
         record = records.get(run["name"])
         key = f"{run['info']['task']} dev: {base}"
+        if any(
+            b == base and r in (blocked or {}) and r in records for r, b in _curve_runs(plan, run)
+        ):
+            key += f" {PAST_GATE}"
         series.setdefault(key, [])
         if record:
             used.append(record)
@@ -325,7 +345,19 @@ def curves(records: dict, plan: dict) -> tuple[str, list[dict], dict]:
         values = dict(points)
         rows.append([name, *(f"{values[s]:.1f}" if s in values else "" for s in steps)])
     header = ["series \\ pretraining step", *map(str, steps)]
-    return _table(header, rows), used, series
+    text = _table(header, rows)
+    return text + _past_gate_note(text), used, series
+
+
+def _curve_runs(plan: dict, run: dict) -> list[tuple[str, str]]:
+    """(name, base model) of the runs of ``run``'s curve: its task's fine-tunings of the
+    snapshots and the final step of ``bert`` or ``ltr``."""
+    task = run["info"].get("task")
+    return [
+        (r["name"], r["info"].get("model", "").split("@")[0])
+        for r in plan["runs"]
+        if r["kind"] == "finetune" and r["info"].get("task") == task
+    ]
 
 
 def plot(series: dict, path: str) -> bool:
@@ -386,7 +418,7 @@ def render(out_dir: str, png_path: str = "", reading: str = "") -> str:
         ("Table 7: feature-based NER", table7(records)),
     ):
         parts += [f"## {title}\n", text, _provenance(used, command)]
-    text, used, series = curves(records, plan)
+    text, used, series = curves(records, plan, blocked)
     parts += ["## Curves: accuracy against pretraining steps\n", text]
     if png_path and plot(series, png_path):
         parts.append(f"![curves]({os.path.basename(png_path)})\n")

@@ -518,6 +518,20 @@ def test_a_failed_gate_makes_the_tasks_other_runs_wait(tmp_path, capsys):
     assert "- `later` (not run: it waits for `gate/qnli`, which failed)" in text
     assert "- `finetune/no_nsp/squad`\n" in text and "- `snapshot/ltr@500`\n" in text
     assert "| No NSP | not run: gate/qnli failed | missing | missing |" in text
+    assert report.PAST_GATE_NOTE not in text
+    # --past_failed_gates: the gate fails again, what it keeps waiting runs; the report marks it.
+    sweep = {"rows": [{"learning_rate": 1e-4, "seed": 0, "score": 51.0}], "primary_metric": "acc"}
+    past = lambda r, o: execute(r, o) if r.kind == "gate" else (0, {"sweep": sweep})  # noqa: E731
+    failed = run.run_plan([gate, waiting], str(out), "full", ["x"], execute=past,
+                          record_dir=str(records), past_failed_gates=True)  # fmt: skip
+    assert failed == ["gate/qnli"]
+    assert "finished finetune/no_nsp/qnli in " in capsys.readouterr().out
+    (view / "results").mkdir()
+    shutil.copy(plan.results_path(str(records), "finetune/no_nsp/qnli"), view / "results")
+    text = report.render(str(view))
+    assert "| No NSP | 51.0 ± 0.0 (n=1, lr 0.0001; best 51.0) † | missing | missing |" in text
+    assert report.PAST_GATE_NOTE in text and "- `finetune/no_nsp/qnli`" not in text
+    os.remove(plan.results_path(str(records), "finetune/no_nsp/qnli"))
     path = plan.results_path(str(records), "finetune/bert/qnli")
     pathlib.Path(path).write_text(json.dumps({"results": {"sweep": {"rows": [{"score": 60}]}}}))
     assert run.run_plan([gate], str(out), "full", ["x"], execute=execute,
