@@ -171,9 +171,12 @@ def _provenance(records: list[dict], command: str) -> str:
     dates = sorted(r["date"] for r in records)
     machines = sorted({r["machine"] for r in records})
     commits = sorted({r["commit"] for r in records})
+    # The runner's command line of each record (a run finished by a later invocation, e.g. with
+    # --only, says so), in the order first met; the plan's for records that lack one.
+    commands = list(dict.fromkeys(r.get("runner_command") or command for r in records))
     return (
         f"_Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Commit: "
-        f"{', '.join(commits)}. Command: `{command}`._\n"
+        f"{', '.join(commits)}. Command: {'; '.join(f'`{c}`' for c in commands)}._\n"
     )
 
 

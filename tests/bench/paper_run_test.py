@@ -711,6 +711,7 @@ def test_the_report_shows_mean_and_spread_from_results_and_names_missing_runs(tm
     table6 = text.split("## Table 6")[1].split("##")[0]
     assert "| 2 | 64 | 2 | 25.0 / 2.7 |" in table6  # final step's accuracy, exp(1.0) = 2.7
     assert "2-core test" in table5 and "abc1234" in table5
+    assert "Command: `c`._" in table5  # the records' runner command, not the plan's latest
     missing = text.split("## Missing runs")[1]
     assert "`finetune/bert/squad`" in missing and "`finetune/bert/qnli`" not in missing
     assert "not findings" not in text
