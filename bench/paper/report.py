@@ -157,8 +157,13 @@ def _cell(records: dict, name: str, blocked: dict | None = None) -> str:
     if name not in records:
         return f"not run: {blocked[name]} failed" if name in (blocked or {}) else "missing"
     s = sweep_summary(records[name]["results"]["sweep"])
-    spread = f"{s['mean']:.1f} ± {s['std']:.1f} (n={s['seeds']}, lr {s['learning_rate']:g}"
-    return f"{spread}; best {s['best']:.1f})" + (f" {PAST_GATE}" if name in (blocked or {}) else "")
+    cell = _spread(s["mean"], s["std"], s["seeds"], s["best"], f", lr {s['learning_rate']:g}")
+    return cell + (f" {PAST_GATE}" if name in (blocked or {}) else "")
+
+
+def _spread(mean: float, std: float, n: int, best: float, detail: str = "") -> str:
+    """The report's cell for scores over seeds: ``mean ± std (n=N<detail>; best B)``."""
+    return f"{mean:.1f} ± {std:.1f} (n={n}{detail}; best {best:.1f})"
 
 
 def _past_gate_note(table: str) -> str:
@@ -270,8 +275,7 @@ def table7(records: dict) -> tuple[str, list[dict]]:
                 cells.append("no dev F1")
             else:
                 mean = sum(scores) / len(scores)
-                spread = f"{mean:.1f} ± {sample_std(scores):.1f} (n={len(scores)}"
-                cells.append(f"{spread}; best {max(scores):.1f})")
+                cells.append(_spread(mean, sample_std(scores), len(scores), max(scores)))
         rows.append([f"feature-based: {combination}", *cells, f"{PAPER_TABLE7[combination]:.1f}"])
     header = [
         "approach (WNUT-16 NER, dev F1)",
@@ -307,6 +311,11 @@ def curves(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str,
     """(markdown, records used, {series: [(step, value)]}) for the two curves; a downstream
     series with a run past a failed gate (``blocked``) is marked ``PAST_GATE``."""
     used, series = [], {}
+    past_gate = {  # (task, base model) of the curves with a run made past a failed gate
+        (r["info"].get("task"), r["info"].get("model", "").split("@")[0])
+        for r in plan["runs"]
+        if r["kind"] == "finetune" and r["name"] in (blocked or {}) and r["name"] in records
+    }
     for run in plan["runs"]:
         record = records.get(run["name"])
         if run["kind"] != "pretrain" or record is None or run["info"]["model"] == "no_pretraining":
@@ -332,9 +341,7 @@ def curves(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str,
             continue
         record = records.get(run["name"])
         key = f"{run['info']['task']} dev: {base}"
-        if any(
-            b == base and r in (blocked or {}) and r in records for r, b in _curve_runs(plan, run)
-        ):
+        if (run["info"]["task"], base) in past_gate:
             key += f" {PAST_GATE}"
         series.setdefault(key, [])
         if record:
@@ -350,17 +357,6 @@ def curves(records: dict, plan: dict, blocked: dict | None = None) -> tuple[str,
     header = ["series \\ pretraining step", *map(str, steps)]
     text = _table(header, rows)
     return text + _past_gate_note(text), used, series
-
-
-def _curve_runs(plan: dict, run: dict) -> list[tuple[str, str]]:
-    """(name, base model) of the runs of ``run``'s curve: its task's fine-tunings of the
-    snapshots and the final step of ``bert`` or ``ltr``."""
-    task = run["info"].get("task")
-    return [
-        (r["name"], r["info"].get("model", "").split("@")[0])
-        for r in plan["runs"]
-        if r["kind"] == "finetune" and r["info"].get("task") == task
-    ]
 
 
 def plot(series: dict, path: str) -> bool:
